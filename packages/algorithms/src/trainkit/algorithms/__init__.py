@@ -1,0 +1,3 @@
+"""trainkit.algorithms."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""trainkit.checkpoint."""
+
+__all__: list[str] = []

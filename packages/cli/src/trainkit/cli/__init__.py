@@ -1,0 +1,3 @@
+"""trainkit.cli."""
+
+__all__: list[str] = []

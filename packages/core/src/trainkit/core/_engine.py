@@ -1,0 +1,139 @@
+"""`Engine`: runs algorithms, callbacks and logger destinations at each event."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainkit.core._callback import Algorithm, overrides
+from trainkit.core._event import Event
+
+if TYPE_CHECKING:
+    from trainkit.core._logger import Logger
+    from trainkit.core._state import State
+
+__all__ = ["AlgorithmError", "CallbackError", "Engine", "OrderingPass", "Trace"]
+
+OrderingPass = Callable[[list[Algorithm], Event], list[Algorithm]]
+"""Reorders (or filters) the algorithms that matched an event; returns the new list."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """One algorithm's run at one event."""
+
+    name: str
+    event: Event
+    order: int
+    exit_code: int | None
+    seconds: float
+
+
+class AlgorithmError(RuntimeError):
+    """An algorithm raised; the message names it and the event."""
+
+
+class CallbackError(RuntimeError):
+    """A callback or logger destination raised; the message names it and the event."""
+
+
+def _name(obj: object) -> str:
+    return type(obj).__name__
+
+
+def _is_oom(err: BaseException) -> bool:
+    import torch
+
+    return isinstance(err, torch.OutOfMemoryError)
+
+
+class Engine:
+    """Runs what is registered on ``state`` at each `Event`.
+
+    Order: the algorithms that match, in list order (reversed for ``AFTER_*`` events so
+    paired transforms unwind like a stack) after the ordering passes; then callbacks; then
+    logger destinations that are callbacks. Each event's algorithm runs are returned as
+    `Trace` objects, and the last ``history_size`` are kept in `history`.
+
+    Errors keep their cause and gain the culprit's name and the event. An out-of-memory
+    error keeps its type (auto-microbatching catches it) and gets a note instead.
+    """
+
+    def __init__(self, state: State, logger: Logger, *, history_size: int = 1000):
+        self.state = state
+        self.logger = logger
+        self.passes: list[OrderingPass] = []
+        self.history: collections.deque[Trace] = collections.deque(maxlen=history_size)
+        self._listeners: dict[Event, list[object]] = {}
+        self._listeners_key: tuple[int, ...] = ()
+        self.fired: set[Event] = set()
+
+    def register_pass(self, ordering_pass: OrderingPass, index: int = -1) -> None:
+        """Add an ordering pass; ``index=-1`` appends, ``0`` runs it first."""
+        if index == -1:
+            self.passes.append(ordering_pass)
+        else:
+            self.passes.insert(index, ordering_pass)
+
+    def run_event(self, event: Event | str) -> list[Trace]:
+        event = Event(event)
+        self.fired.add(event)
+        traces = self._run_algorithms(event) if self.state.algorithms else []
+        for listener in self._listeners_for(event):
+            try:
+                listener.run_event(event, self.state, self.logger)  # type: ignore[attr-defined]
+            except Exception as err:
+                _raise_with_context(err, CallbackError, f"callback {_name(listener)}", event)
+        return traces
+
+    def _run_algorithms(self, event: Event) -> list[Trace]:
+        state, logger = self.state, self.logger
+        matched = [a for a in state.algorithms if a.match(event, state)]
+        for ordering_pass in self.passes:
+            matched = ordering_pass(matched, event)
+        if event.is_after:
+            matched.reverse()
+        traces = []
+        for order, algorithm in enumerate(matched):
+            start = time.perf_counter()
+            try:
+                exit_code = algorithm.apply(event, state, logger)
+            except Exception as err:
+                _raise_with_context(err, AlgorithmError, f"algorithm {_name(algorithm)}", event)
+            trace = Trace(_name(algorithm), event, order, exit_code, time.perf_counter() - start)
+            traces.append(trace)
+            self.history.append(trace)
+        return traces
+
+    def _listeners_for(self, event: Event) -> Sequence[object]:
+        # Callbacks and destinations that only inherit no-ops are skipped; the lists are
+        # rebuilt only when the registered objects change, not per event.
+        key = tuple(map(id, self.state.callbacks)) + tuple(map(id, self.logger.destinations))
+        if key != self._listeners_key:
+            self._listeners_key = key
+            self._listeners = {}
+        listeners = self._listeners.get(event)
+        if listeners is None:
+            unique = {id(c): c for c in [*self.state.callbacks, *self.logger.destinations]}
+            listeners = [c for c in unique.values() if overrides(c, event)]
+            self._listeners[event] = listeners
+        return listeners
+
+    def close(self) -> None:
+        """Close every callback, then every logger destination, each once."""
+        destinations = set(map(id, self.logger.destinations))
+        for callback in self.state.callbacks:
+            if id(callback) not in destinations and hasattr(callback, "close"):
+                callback.close()
+        self.logger.close()
+
+
+def _raise_with_context(err: Exception, wrapper: type[RuntimeError], who: str, event: Event):
+    message = f"{who} failed at event {event.name}: {type(err).__name__}: {err}"
+    if _is_oom(err):
+        err.add_note(message)
+        raise err
+    raise wrapper(message) from err

@@ -1,0 +1,95 @@
+"""`HuggingFaceModel`: a transformers model as a `TrainModel`.
+
+transformers is never imported here: the wrapper only calls the model, so it works with
+any module that takes ``**batch`` and returns an output with ``loss`` and ``logits``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainkit.core._metrics import CrossEntropy, Perplexity
+from trainkit.core._model import TrainModel
+
+__all__ = ["HuggingFaceModel"]
+
+
+class HuggingFaceModel(TrainModel):
+    """Wraps a transformers model; batches are dicts of model inputs.
+
+    The loss is the model's own (``outputs.loss``, computed when the batch has ``labels``).
+    For causal language models, eval metrics default to token cross-entropy and perplexity
+    on the shifted labels.
+
+    Args:
+        model: e.g. ``GPT2LMHeadModel(GPT2Config(...))``.
+        tokenizer: kept for callbacks that generate text or save the run (optional).
+        eval_metrics: metric objects by name; ``update(logits, labels)`` is called on each.
+        shift_labels: compare logits at position t with labels at t+1 (causal LMs). By
+            default true for models whose config says they are not encoder-decoder and
+            whose class name ends in ``ForCausalLM`` / ``LMHeadModel``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        tokenizer: Any = None,
+        eval_metrics: Mapping[str, Any] | None = None,
+        shift_labels: bool | None = None,
+    ):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        if shift_labels is None:
+            name = type(model).__name__
+            shift_labels = name.endswith(("ForCausalLM", "LMHeadModel"))
+        self.shift_labels = shift_labels
+        self._eval_metrics = (
+            dict(eval_metrics)
+            if eval_metrics is not None
+            else {"cross_entropy": CrossEntropy(), "perplexity": Perplexity()}
+        )
+
+    @property
+    def config(self) -> Any:
+        return getattr(self.model, "config", None)
+
+    def forward(self, batch: Mapping[str, Any]) -> Any:
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"HuggingFaceModel expects dict batches of model inputs (input_ids, "
+                f"attention_mask, labels, ...), got {type(batch).__name__}"
+            )
+        return self.model(**batch)
+
+    def loss(self, outputs: Any, batch: Mapping[str, Any]) -> torch.Tensor:
+        loss = (
+            outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+        )
+        if loss is None:
+            raise ValueError(
+                f"{type(self.model).__name__} returned no loss; include 'labels' in the batch "
+                "or subclass HuggingFaceModel and override loss()"
+            )
+        return loss
+
+    def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
+        return {} if is_train else copy.deepcopy(self._eval_metrics)
+
+    def update_metric(self, batch: Mapping[str, Any], outputs: Any, metric: Any) -> None:
+        logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs.logits
+        labels = batch["labels"]
+        if self.shift_labels:
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        metric.update(logits, labels)
+
+    def flops_per_batch(self, batch: Mapping[str, Any]) -> float:
+        """6 * parameters * tokens: forward and backward of a dense transformer."""
+        params = sum(p.numel() for p in self.model.parameters())
+        return 6.0 * params * batch["input_ids"].numel()

@@ -1,0 +1,75 @@
+"""Turn ``"500ba"`` / ``"1ep"`` / ``"0.25dur"`` / a callable into "does it fire now?"."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from trainkit.core._event import Event
+from trainkit.core._time import Time, TimeUnit, ensure_time
+
+if TYPE_CHECKING:
+    from trainkit.core._state import State
+
+__all__ = ["IntervalTrigger", "interval_trigger"]
+
+IntervalTrigger = Callable[["State", Event], bool]
+
+
+def interval_trigger(
+    interval: Time | str | int | IntervalTrigger, *, at_end: bool = True
+) -> IntervalTrigger:
+    """A ``(state, event) -> bool`` that is true at BATCH_END / EPOCH_END every ``interval``.
+
+    Epoch intervals fire at EPOCH_END; every other unit fires at the BATCH_END where the
+    count crosses a multiple of the interval. With ``at_end`` it also fires at the last
+    batch of training, so the final result is always evaluated (or saved). A callable is
+    returned as it is.
+    """
+    if callable(interval) and not isinstance(interval, Time | str | int):
+        return interval
+    every = ensure_time(interval, "interval")
+    if every.value == 0:
+        raise ValueError(f"interval {interval!r} is zero; use a positive interval such as '1ep'")
+    if every.unit == TimeUnit.EPOCH:
+
+        def fire_on_epochs(state: State, event: Event) -> bool:
+            if event == Event.EPOCH_END:
+                return state.timestamp.epoch % every.value == 0 or (at_end and state.is_done())
+            return event == Event.BATCH_END and at_end and _ends_mid_epoch(state)
+
+        return fire_on_epochs
+
+    previous: list[float] = []
+
+    def fire_on_count(state: State, event: Event) -> bool:
+        if event != Event.BATCH_END:
+            return False
+        now = _count(state, every.unit)
+        before = previous[0] if previous else _count_one_batch_ago(state, now)
+        previous[:] = [now]
+        crossed = math.floor(now / every.value + 1e-9) > math.floor(before / every.value + 1e-9)
+        return crossed or (at_end and state.is_done())
+
+    return fire_on_count
+
+
+def _count(state: State, unit: TimeUnit) -> float:
+    return state.elapsed_fraction() if unit == TimeUnit.DURATION else state.timestamp.get(unit)
+
+
+def _count_one_batch_ago(state: State, now: float) -> float:
+    # First call in this process (fresh run or resumed): assume a steady rate per batch.
+    batch = state.timestamp.batch
+    return now * (batch - 1) / batch if batch > 0 else 0.0
+
+
+def _ends_mid_epoch(state: State) -> bool:
+    # Training that stops mid-epoch (e.g. max_duration="500ba") gets its final trigger
+    # at that batch, since no EPOCH_END follows.
+    return (
+        state.is_done()
+        and state.max_duration is not None
+        and (state.max_duration.unit != TimeUnit.EPOCH)
+    )

@@ -1,0 +1,92 @@
+"""`Logger`, the fan-out facade, and the `LoggerDestination` protocol."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainkit.core._state import State
+
+__all__ = ["Logger", "LoggerDestination"]
+
+
+@runtime_checkable
+class LoggerDestination(Protocol):
+    """Where logged values go (console, file, wandb, ...).
+
+    Subclass it to inherit no-op defaults and implement only what you need. Values in
+    ``metrics`` may be 0-d tensors: convert them (``float(v)``) only when you write, so
+    the training step never waits for the device because of logging. A destination that
+    also wants loop events subclasses `Callback` too.
+    """
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        """Record the run's configuration once."""
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Record scalar values at ``step`` (the global batch count by default)."""
+
+    def log_images(self, name: str, images: torch.Tensor | Sequence[Any], step: int) -> None:
+        """Record images (NCHW / NHWC tensors or arrays)."""
+
+    def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
+        """Copy a local file to wherever this destination keeps artifacts."""
+
+    def close(self) -> None:
+        """Flush and release resources."""
+
+
+class Logger:
+    """Sends everything logged to every destination.
+
+    A destination that raises does not stop training: the error is reported once as a
+    warning and that destination keeps being called (a full disk may clear up).
+    """
+
+    def __init__(self, destinations: Iterable[LoggerDestination] = (), state: State | None = None):
+        self.destinations: list[LoggerDestination] = list(destinations)
+        self.state = state
+        self._warned: set[int] = set()
+
+    def _fan_out(self, method: str, *args: Any) -> None:
+        for dest in self.destinations:
+            fn: Callable[..., Any] | None = getattr(dest, method, None)
+            if fn is None:
+                continue
+            try:
+                fn(*args)
+            except Exception as err:
+                if id(dest) not in self._warned:
+                    self._warned.add(id(dest))
+                    warnings.warn(
+                        f"logger destination {type(dest).__name__}.{method} failed ({err!r}); "
+                        "training continues, further errors from it are not reported",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+
+    def _step(self, step: int | None) -> int:
+        if step is not None:
+            return step
+        return self.state.timestamp.batch if self.state is not None else 0
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        self._fan_out("log_hyperparameters", dict(hyperparameters))
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        if self.destinations:
+            self._fan_out("log_metrics", metrics, self._step(step))
+
+    def log_images(self, name: str, images: Any, step: int | None = None) -> None:
+        self._fan_out("log_images", name, images, self._step(step))
+
+    def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
+        self._fan_out("upload_file", name, path, overwrite)
+
+    def close(self) -> None:
+        self._fan_out("close")

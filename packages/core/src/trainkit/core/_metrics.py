@@ -1,0 +1,90 @@
+"""Small metrics with the torchmetrics interface (update / compute / reset).
+
+Core depends on torch only, so it ships the few metrics its model wrappers need. Any
+torchmetrics metric can be used in their place. `compute` sums the running totals over
+all ranks, so results are the same whatever the world size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from trainkit.core import dist
+
+__all__ = ["Accuracy", "CrossEntropy", "Mean", "Metric", "Perplexity"]
+
+
+class Metric(nn.Module):
+    """A metric kept as two running sums (``total``, ``count``) in persistent buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def _add(self, total: torch.Tensor, count: torch.Tensor | float) -> None:
+        self.total += total.detach().to(self.total)
+        self.count += count.detach().to(self.count) if isinstance(count, torch.Tensor) else count
+
+    def _synced(self) -> tuple[torch.Tensor, torch.Tensor]:
+        sums = dist.all_reduce(torch.stack([self.total, self.count]).clone(), "sum")
+        return sums[0], sums[1]
+
+    def compute(self) -> torch.Tensor:
+        total, count = self._synced()
+        return (total / count).float() if count > 0 else torch.tensor(float("nan"))
+
+    def reset(self) -> None:
+        self.total.zero_()
+        self.count.zero_()
+
+    def forward(self, *args: object, **kwargs: object) -> None:  # nn.Module requires it
+        self.update(*args, **kwargs)
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError
+
+
+class Mean(Metric):
+    """Average of the values passed to `update` (scalars or tensors)."""
+
+    def update(self, value: torch.Tensor | float) -> None:  # type: ignore[override]
+        value = torch.as_tensor(value, dtype=torch.float64)
+        self._add(value.sum(), value.numel())
+
+
+class Accuracy(Metric):
+    """Top-1 accuracy of class scores (N, C) against integer targets (N,)."""
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:  # type: ignore[override]
+        if preds.ndim == target.ndim + 1:
+            preds = preds.argmax(dim=-1)
+        if preds.shape != target.shape:
+            raise ValueError(
+                f"Accuracy got predictions of shape {tuple(preds.shape)} and targets of shape "
+                f"{tuple(target.shape)}; expected scores (N, C) or labels (N,) with targets (N,)"
+            )
+        self._add((preds == target).sum(), target.numel())
+
+
+class CrossEntropy(Metric):
+    """Mean cross-entropy of logits (..., C) against targets (...), skipping ``ignore_index``."""
+
+    def __init__(self, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+
+    def update(self, logits: torch.Tensor, target: torch.Tensor) -> None:  # type: ignore[override]
+        logits = logits.reshape(-1, logits.shape[-1]).float()
+        target = target.reshape(-1)
+        loss = F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction="sum")
+        self._add(loss, (target != self.ignore_index).sum())
+
+
+class Perplexity(CrossEntropy):
+    """exp(mean token cross-entropy)."""
+
+    def compute(self) -> torch.Tensor:
+        return torch.exp(super().compute())

@@ -1,0 +1,51 @@
+"""Plain progress lines: what the Trainer prints when trainkit-loggers is not installed."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import IO, TYPE_CHECKING, Any
+
+from trainkit.core._callback import Callback
+from trainkit.core._logger import LoggerDestination
+
+if TYPE_CHECKING:
+    from trainkit.core._logger import Logger
+    from trainkit.core._state import State
+
+__all__ = ["ProgressLines"]
+
+
+class ProgressLines(Callback, LoggerDestination):
+    """One line every ``interval`` batches (default: ~10 per epoch) and after each eval, rank 0 only."""
+
+    def __init__(self, interval: int | None = None, stream: IO[str] | None = None):
+        self.interval = interval
+        self.stream = stream
+        self._latest: dict[str, Any] = {}
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        self._latest.update(metrics)
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        interval = self.interval or max(1, (state.dataloader_len or 500) // 10)
+        if state.rank != 0 or (state.timestamp.batch % interval and not state.is_done()):
+            return
+        ts = state.timestamp
+        of = f"/{state.dataloader_len}" if state.dataloader_len else ""
+        self._print(
+            f"[epoch {ts.epoch} batch {ts.batch_in_epoch}{of}] " + self._format("loss/train")
+        )
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        if state.rank == 0:
+            line = self._format("metrics/", exclude="metrics/train/")
+            self._print(f"[eval at batch {state.timestamp.batch}] {line}")
+
+    def _format(self, prefix: str) -> str:
+        return "  ".join(
+            f"{k}: {float(v):.4f}" for k, v in self._latest.items() if k.startswith(prefix)
+        )
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream or sys.stdout, flush=True)

@@ -1,0 +1,167 @@
+"""Turning the Trainer's flexible arguments into checked, concrete objects."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainkit.core import dist, plugins
+from trainkit.core._data import DataSpec
+from trainkit.core._logger import LoggerDestination
+from trainkit.core._model import TrainModel
+from trainkit.core._progress import ProgressLines
+from trainkit.core._state import Evaluator, State
+from trainkit.core.schedulers import Scheduler
+
+__all__ = [
+    "check_microbatch_size",
+    "check_model",
+    "make_evaluators",
+    "make_optimizers",
+    "make_schedulers",
+    "progress_destination",
+    "to_dataspec",
+]
+
+
+def check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module (a TrainModel), got {type(model).__name__}"
+        )
+    loss = getattr(model, "loss", None)
+    if not callable(loss) or getattr(type(model), "loss", None) is TrainModel.loss:
+        raise TypeError(
+            f"model {type(model).__name__} has no loss(outputs, batch) method; subclass "
+            "trainkit.core.TrainModel and implement it, or wrap the network in "
+            "Classifier(...) / HuggingFaceModel(...)"
+        )
+
+
+def to_dataspec(data: Any, what: str) -> DataSpec:
+    if isinstance(data, DataSpec):
+        spec = data
+    elif isinstance(data, Iterable):
+        spec = DataSpec(data)
+    else:
+        raise TypeError(
+            f"{what} must be a DataLoader, an iterable of batches or a DataSpec, got {type(data).__name__}"
+        )
+    if spec.length == 0:
+        raise ValueError(f"{what} is empty (len() == 0); give it at least one batch")
+    return spec
+
+
+def check_microbatch_size(value: Any, data: DataSpec | None) -> tuple[int | None, bool]:
+    """Returns (size, auto)."""
+    if value is None:
+        return None, False
+    if value == "auto":
+        return None, True
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"device_train_microbatch_size {value!r} is not valid; use a positive int, 'auto' "
+            "(halve on out-of-memory), or None (whole batch)"
+        )
+    batch_size = getattr(data.dataloader, "batch_size", None) if data is not None else None
+    if isinstance(batch_size, int) and value > batch_size:
+        raise ValueError(
+            f"device_train_microbatch_size {value} is larger than the batch size {batch_size}; "
+            f"use a size from 1 to {batch_size}"
+        )
+    return value, False
+
+
+def make_optimizers(optimizers: Any, model: nn.Module) -> list[torch.optim.Optimizer]:
+    listed = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+    model_params = {id(p) for p in model.parameters()}
+    for optimizer in listed:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizers must be torch.optim.Optimizer objects, got {type(optimizer).__name__}"
+            )
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if not any(id(p) in model_params for p in params):
+            raise ValueError(
+                f"{type(optimizer).__name__} covers none of the model's {len(model_params)} "
+                f"parameters ({len(params)} others); build it from model.parameters() of the "
+                "model passed to the Trainer"
+            )
+    return listed
+
+
+def make_schedulers(schedulers: Any, state: State) -> list[Any]:
+    if schedulers is None:
+        return []
+    listed = list(schedulers) if isinstance(schedulers, Sequence) else [schedulers]
+    compiled: list[Any] = []
+    for scheduler in listed:
+        if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+            compiled.append(scheduler)
+        elif isinstance(scheduler, Scheduler):
+            for optimizer in state.optimizers:
+                compiled.append(
+                    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _, s=scheduler: s(state))
+                )
+        else:
+            raise TypeError(
+                f"scheduler {scheduler!r} is neither a trainkit schedule (a callable of the "
+                "state) nor a torch.optim.lr_scheduler.LRScheduler"
+            )
+    return compiled
+
+
+def make_evaluators(eval_data: Any) -> list[Evaluator]:
+    if eval_data is None:
+        return []
+    if isinstance(eval_data, Mapping):
+        return [
+            Evaluator(label=k, data=to_dataspec(v, f"eval data {k!r}"))
+            for k, v in eval_data.items()
+        ]
+    if isinstance(eval_data, Evaluator):
+        return [eval_data]
+    if isinstance(eval_data, list | tuple) and all(isinstance(e, Evaluator) for e in eval_data):
+        return list(eval_data)
+    return [Evaluator(label="eval", data=to_dataspec(eval_data, "eval_dataloader"))]
+
+
+def eval_metrics_for(
+    model: nn.Module, evaluators: Sequence[Evaluator], device: torch.device
+) -> dict[str, dict[str, Any]]:
+    result = {}
+    for evaluator in evaluators:
+        metrics = model.get_metrics(is_train=False)
+        if evaluator.metric_names is not None:
+            unknown = set(evaluator.metric_names) - set(metrics)
+            if unknown:
+                raise ValueError(
+                    f"evaluator {evaluator.label!r} asks for metrics {sorted(unknown)}, but the "
+                    f"model provides {sorted(metrics) or 'none'}"
+                )
+            metrics = {k: metrics[k] for k in evaluator.metric_names}
+        result[evaluator.label] = {k: _to(m, device) for k, m in metrics.items()}
+    return result
+
+
+def _to(metric: Any, device: torch.device) -> Any:
+    return metric.to(device) if hasattr(metric, "to") else metric
+
+
+def train_metrics_for(model: nn.Module, device: torch.device) -> dict[str, Any]:
+    return {k: _to(m, device) for k, m in model.get_metrics(is_train=True).items()}
+
+
+def progress_destination(data: DataSpec | None) -> LoggerDestination:
+    """trainkit-loggers' progress bar when installed (by entry point), else plain lines."""
+    if "progress" in plugins.available("trainkit.loggers"):
+        return plugins.load("trainkit.loggers", "progress")()
+    return ProgressLines()
+
+
+def default_run_name() -> str:
+    return dist.broadcast_object(time.strftime("run-%Y%m%d-%H%M%S"))

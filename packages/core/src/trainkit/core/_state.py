@@ -1,0 +1,239 @@
+"""`State`: everything a training step needs, in one place, and how to save it."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainkit.core import dist
+from trainkit.core._callback import Algorithm
+from trainkit.core._data import DataSpec
+from trainkit.core._parallel import ParallelStrategy, SingleProcess
+from trainkit.core._precision import Precision
+from trainkit.core._rng import get_rng_state, set_rng_state
+from trainkit.core._time import Time, Timestamp, TimeUnit
+
+__all__ = ["Evaluator", "State"]
+
+
+@dataclass(kw_only=True)
+class Evaluator:
+    """An evaluation data set and the metrics to compute on it.
+
+    Args:
+        label: name used in logged metric keys (``metrics/<label>/<metric>``).
+        data: the eval batches.
+        metric_names: which of the model's eval metrics to compute (default: all).
+    """
+
+    label: str
+    data: DataSpec
+    metric_names: Sequence[str] | None = None
+
+
+@dataclass(eq=False, kw_only=True)
+class State:
+    """The run's state. Algorithms and callbacks read and change it at each event.
+
+    Everything needed to resume exactly is in `state_dict`: model, optimizers, schedulers,
+    grad scaler, timestamp, RNG states of every rank, data position, metrics, and the
+    state of every algorithm and callback that has one. The tensors it returns are the
+    live ones: copy (or save) them before training goes on.
+    """
+
+    model: nn.Module
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    train_data: DataSpec | None = None
+    evaluators: list[Evaluator] = field(default_factory=list)
+    max_duration: Time | None = None
+    precision: Precision = Precision.FP32
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    seed: int = 0
+    device_train_microbatch_size: int | None = None
+    auto_microbatching: bool = False
+    scaler: torch.amp.GradScaler | None = None
+    parallelism: ParallelStrategy = field(default_factory=SingleProcess)
+    run_name: str = "run"
+    algorithms: list[Algorithm] = field(default_factory=list)
+    callbacks: list[Any] = field(default_factory=list)
+    timestamp: Timestamp = field(default_factory=Timestamp)
+    train_metrics: dict[str, Any] = field(default_factory=dict)
+    eval_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Set per (micro)batch by the loop.
+    batch: Any = None
+    outputs: Any = None
+    loss: torch.Tensor | None = None
+    total_loss: torch.Tensor | None = None
+    _stop_requested: bool = False
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The only optimizer (raises if there are several)."""
+        if len(self.optimizers) != 1:
+            raise ValueError(f"the run has {len(self.optimizers)} optimizers; use state.optimizers")
+        return self.optimizers[0]
+
+    @property
+    def dataloader_len(self) -> int | None:
+        """Batches per training epoch, when the data has a length."""
+        return self.train_data.length if self.train_data is not None else None
+
+    def stop_training(self) -> None:
+        """Stop after the current batch (its end-of-batch events and checkpoints still run)."""
+        self._stop_requested = True
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def elapsed_fraction(self) -> float:
+        """How far training is through ``max_duration`` (0.0 to 1.0 and beyond)."""
+        if self.max_duration is None:
+            raise ValueError("the run has no max_duration, so no elapsed fraction")
+        unit, total = self.max_duration.unit, self.max_duration.value
+        if total == 0:
+            return 1.0
+        if unit == TimeUnit.EPOCH:
+            length = self.dataloader_len
+            partial = self.timestamp.batch_in_epoch / length if length else 0.0
+            return (self.timestamp.epoch + partial) / total
+        return self.timestamp.get(unit) / total
+
+    def is_done(self) -> bool:
+        return self.max_duration is not None and self.elapsed_fraction() >= 1.0 - 1e-12
+
+    # --- saving and resuming -------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume. Collective: every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        state: dict[str, Any] = {
+            "model": get_model_state_dict(self.model),
+            "optimizers": [get_optimizer_state_dict(self.model, opt) for opt in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "timestamp": self.timestamp.state_dict(),
+            "rng": dist.all_gather_object(get_rng_state()),
+            "run_name": self.run_name,
+            "seed": self.seed,
+            "train_metrics": {k: _metric_state(m) for k, m in self.train_metrics.items()},
+            "algorithms": _states_by_name(self.algorithms),
+            "callbacks": _states_by_name(self.callbacks),
+        }
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        if self.train_data is not None:
+            state["data"] = self.train_data.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Restore what `state_dict` returned. Entries missing from ``state`` are left as they are."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        _check_count("optimizers", self.optimizers, state.get("optimizers"))
+        _check_count("schedulers", self.schedulers, state.get("schedulers"))
+        if "model" in state:
+            set_model_state_dict(
+                self.model, state["model"], options=StateDictOptions(strict=strict)
+            )
+        for opt, opt_state in zip(self.optimizers, state.get("optimizers", ()), strict=False):
+            set_optimizer_state_dict(self.model, opt, opt_state)
+        for sched, sched_state in zip(self.schedulers, state.get("schedulers", ()), strict=False):
+            sched.load_state_dict(sched_state)
+        if "timestamp" in state:
+            self.timestamp = Timestamp.from_state_dict(state["timestamp"])
+        if "rng" in state:
+            self._load_rng(state["rng"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.train_data is not None and "data" in state:
+            self.train_data.load_state_dict(state["data"])
+        for name, metric_state in state.get("train_metrics", {}).items():
+            if name in self.train_metrics:
+                self.train_metrics[name].load_state_dict(metric_state)
+        _load_by_name("algorithm", self.algorithms, state.get("algorithms", {}))
+        _load_by_name("callback", self.callbacks, state.get("callbacks", {}))
+
+    def _load_rng(self, rng_states: list[dict[str, Any]]) -> None:
+        rank = self.rank
+        if rank < len(rng_states):
+            set_rng_state(rng_states[rank])
+            if len(rng_states) != self.world_size:
+                warnings.warn(
+                    f"the saved run had {len(rng_states)} ranks and this one has "
+                    f"{self.world_size}: random streams continue only for the ranks both share",
+                    stacklevel=3,
+                )
+        else:
+            warnings.warn(
+                f"no saved RNG state for rank {rank} (the saved run had {len(rng_states)} "
+                "ranks); this rank keeps its freshly seeded generators",
+                stacklevel=3,
+            )
+
+
+def _metric_state(metric: Any) -> dict[str, Any]:
+    # torchmetrics keeps metric states out of state_dict() unless marked persistent.
+    if hasattr(metric, "persistent"):
+        metric.persistent(True)
+    return metric.state_dict()
+
+
+def _names(objects: Sequence[Any]) -> list[str]:
+    names, seen = [], {}
+    for obj in objects:
+        name = type(obj).__qualname__
+        seen[name] = seen.get(name, -1) + 1
+        names.append(name if seen[name] == 0 else f"{name}.{seen[name]}")
+    return names
+
+
+def _states_by_name(objects: Sequence[Any]) -> dict[str, Any]:
+    states = {}
+    for name, obj in zip(_names(objects), objects, strict=True):
+        state_dict: Callable[[], dict[str, Any]] | None = getattr(obj, "state_dict", None)
+        if state_dict is not None and (value := state_dict()):
+            states[name] = value
+    return states
+
+
+def _load_by_name(kind: str, objects: Sequence[Any], states: dict[str, Any]) -> None:
+    by_name = dict(zip(_names(objects), objects, strict=True))
+    for name, value in states.items():
+        if name not in by_name:
+            warnings.warn(
+                f"the checkpoint has state for {kind} {name!r}, which this run does not use; "
+                f"ignored (this run's {kind}s: {sorted(by_name) or 'none'})",
+                stacklevel=3,
+            )
+            continue
+        by_name[name].load_state_dict(value)
+
+
+def _check_count(what: str, live: Sequence[Any], saved: Sequence[Any] | None) -> None:
+    if saved is not None and len(saved) != len(live):
+        raise ValueError(
+            f"the saved state has {len(saved)} {what} but this run has {len(live)}; "
+            f"build the run with the same {what} to resume it"
+        )

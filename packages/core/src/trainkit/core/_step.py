@@ -1,0 +1,237 @@
+"""The pieces of a training step, as functions of `State` and `Engine`.
+
+The Trainer is written on these; a hand-written loop calls the same ones (see the core
+README, "Write your own trainer"), so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainkit.core import dist
+from trainkit.core._engine import Engine
+from trainkit.core._event import Event
+from trainkit.core._precision import autocast
+from trainkit.core._state import Evaluator, State
+
+__all__ = [
+    "evaluate",
+    "optimizer_step",
+    "rebind_optimizers",
+    "run_microbatches",
+    "scheduler_step",
+    "train_batch",
+]
+
+
+def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
+    """Forward and backward over ``state.batch`` in microbatches; returns the batch loss.
+
+    Each microbatch's loss is weighted by its share of the batch's samples, so the
+    accumulated gradient equals the gradient of the whole batch's mean loss. Gradient
+    synchronisation is skipped (``parallelism.no_sync``) for all but the last microbatch.
+    """
+    batch, data = state.batch, state.train_data
+    assert data is not None, "run_microbatches needs state.train_data"
+    size = state.device_train_microbatch_size
+    samples = data.get_num_samples_in_batch(batch)
+    microbatches = data.split_batch(batch, size) if size and size < samples else [batch]
+    model = state.model
+    unwrapped = state.parallelism.unwrap(model)
+    engine.run_event(Event.BEFORE_TRAIN_BATCH)
+    for optimizer in state.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=state.device)
+    last = len(microbatches) - 1
+    for index, microbatch in enumerate(microbatches):
+        weight = data.get_num_samples_in_batch(microbatch) / samples
+        sync = contextlib.nullcontext() if index == last else state.parallelism.no_sync(model)
+        with sync:
+            state.batch = microbatch
+            engine.run_event(Event.BEFORE_FORWARD)
+            with autocast(state.precision, state.device):
+                state.outputs = model(state.batch)
+            engine.run_event(Event.AFTER_FORWARD)
+            _update_train_metrics(state, unwrapped)
+            engine.run_event(Event.BEFORE_LOSS)
+            with autocast(state.precision, state.device):
+                state.loss = unwrapped.loss(state.outputs, state.batch)
+            engine.run_event(Event.AFTER_LOSS)
+            engine.run_event(Event.BEFORE_BACKWARD)
+            scaled = state.loss * weight
+            (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+            engine.run_event(Event.AFTER_BACKWARD)
+        total += scaled.detach()
+    state.batch = batch
+    state.total_loss = total
+    engine.run_event(Event.AFTER_TRAIN_BATCH)
+    return total
+
+
+def _update_train_metrics(state: State, unwrapped: nn.Module) -> None:
+    if state.train_metrics:
+        with torch.no_grad():
+            for metric in state.train_metrics.values():
+                unwrapped.update_metric(state.batch, state.outputs, metric)
+
+
+def train_batch(state: State, engine: Engine) -> torch.Tensor:
+    """`run_microbatches`, halving the microbatch size on out-of-memory when auto.
+
+    With ``state.auto_microbatching``, every rank reports whether it ran out of memory
+    (one collective per attempt) and all retry together with half the size, after
+    clearing gradients, outputs and the grad scaler's per-step state.
+    """
+    batch = state.batch
+    while True:
+        # A failed attempt may already have counted some microbatches in the metrics.
+        metrics_before = copy.deepcopy(state.train_metrics) if state.auto_microbatching else None
+        try:
+            loss = run_microbatches(state, engine)
+            out_of_memory = False
+        except torch.OutOfMemoryError:
+            if not state.auto_microbatching:
+                raise
+            out_of_memory = True
+        if state.auto_microbatching:
+            out_of_memory = dist.any_rank(out_of_memory, state.device)
+        if not out_of_memory:
+            return loss
+        _clear_after_oom(state, batch)
+        state.train_metrics = metrics_before or {}
+        _halve_microbatch(state, batch)
+
+
+def _clear_after_oom(state: State, batch: Any) -> None:
+    state.batch, state.outputs, state.loss, state.total_loss = batch, None, None, None
+    for optimizer in state.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    if state.scaler is not None:
+        from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+        state.scaler._per_optimizer_states.clear()
+        state.scaler._per_optimizer_states.default_factory = _refresh_per_optimizer_state
+    gc.collect()
+    if state.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _halve_microbatch(state: State, batch: Any) -> None:
+    assert state.train_data is not None
+    current = state.device_train_microbatch_size or state.train_data.get_num_samples_in_batch(batch)
+    if current <= 1:
+        raise RuntimeError(
+            "out of memory with device_train_microbatch_size=1: one sample does not fit on "
+            f"{state.device}. Use a smaller model or sequence length, lower precision "
+            "('amp_bf16'), activation checkpointing, or shard the model (FSDP)"
+        )
+    state.device_train_microbatch_size = current // 2
+
+
+def optimizer_step(state: State) -> None:
+    """Step every optimizer, through the grad scaler when there is one."""
+    if state.scaler is not None:
+        for optimizer in state.optimizers:
+            state.scaler.step(optimizer)
+        state.scaler.update()
+    else:
+        for optimizer in state.optimizers:
+            optimizer.step()
+
+
+def scheduler_step(state: State) -> None:
+    """Step every LR scheduler; call it after advancing ``state.timestamp``."""
+    for scheduler in state.schedulers:
+        scheduler.step()
+
+
+def evaluate(
+    state: State, engine: Engine, evaluators: Iterable[Evaluator] | None = None
+) -> dict[str, Any]:
+    """Run every evaluator; log and return ``{"metrics/<label>/<name>": value}``."""
+    evaluators = state.evaluators if evaluators is None else list(evaluators)
+    model = state.parallelism.unwrap(state.model)
+    was_training = model.training
+    results: dict[str, Any] = {}
+    engine.run_event(Event.EVAL_BEFORE_ALL)
+    model.eval()
+    try:
+        for evaluator in evaluators:
+            results.update(_evaluate_one(state, engine, model, evaluator))
+    finally:
+        model.train(was_training)
+    engine.run_event(Event.EVAL_AFTER_ALL)
+    return results
+
+
+def _evaluate_one(
+    state: State, engine: Engine, model: nn.Module, evaluator: Evaluator
+) -> dict[str, Any]:
+    metrics = state.eval_metrics[evaluator.label]
+    for metric in metrics.values():
+        metric.reset()
+    engine.run_event(Event.EVAL_START)
+    data = evaluator.data
+    with torch.no_grad():
+        for batch in data.iter_epoch(0):
+            state.batch = data.device_transfer(batch, state.device)
+            engine.run_event(Event.EVAL_BATCH_START)
+            engine.run_event(Event.EVAL_BEFORE_FORWARD)
+            with autocast(state.precision, state.device):
+                state.outputs = model.eval_forward(state.batch)
+            engine.run_event(Event.EVAL_AFTER_FORWARD)
+            for metric in metrics.values():
+                model.update_metric(state.batch, state.outputs, metric)
+            engine.run_event(Event.EVAL_BATCH_END)
+    results = {f"metrics/{evaluator.label}/{name}": m.compute() for name, m in metrics.items()}
+    engine.logger.log_metrics(results)
+    engine.run_event(Event.EVAL_END)
+    return results
+
+
+def rebind_optimizers(
+    optimizers: Iterable[torch.optim.Optimizer],
+    model: nn.Module,
+    names_before: Mapping[int, str],
+) -> int:
+    """Point optimizers at the model's current parameters, matching them by name.
+
+    ``names_before`` maps ``id(parameter)`` to its name when the optimizers were built
+    (``{id(p): n for n, p in model.named_parameters()}``). Parameters that surgery or a
+    parallel strategy replaced under the same name are swapped in, with their optimizer
+    state. Returns how many were swapped.
+
+    Raises:
+        ValueError: a parameter vanished from the model and no parameter now has its name.
+    """
+    current = dict(model.named_parameters())
+    live = {id(p) for p in current.values()}
+    swapped = 0
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            params = []
+            for param in group["params"]:
+                if id(param) in live:
+                    params.append(param)
+                    continue
+                name = names_before.get(id(param))
+                if name is None or name not in current:
+                    raise ValueError(
+                        f"an optimizer holds parameter {name or '<unnamed>'!r}, which is no longer "
+                        "in the model and has no replacement of the same name; the algorithm or "
+                        "strategy that replaced it must re-bind the optimizer itself"
+                    )
+                new = current[name]
+                if param in optimizer.state:
+                    optimizer.state[new] = optimizer.state.pop(param)
+                params.append(new)
+                swapped += 1
+            group["params"] = params
+    return swapped

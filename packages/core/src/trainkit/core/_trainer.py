@@ -1,0 +1,341 @@
+"""The `Trainer`: a short loop; behaviour arrives as algorithms, callbacks and strategies."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainkit.core import _setup as setup
+from trainkit.core import dist
+from trainkit.core._callback import Algorithm
+from trainkit.core._engine import Engine
+from trainkit.core._event import Event
+from trainkit.core._interval import IntervalTrigger, interval_trigger
+from trainkit.core._logger import Logger, LoggerDestination
+from trainkit.core._parallel import ParallelStrategy, SingleProcess
+from trainkit.core._precision import Device, Precision, autocast, resolve_device
+from trainkit.core._rng import random_seed, seed_everything
+from trainkit.core._state import State
+from trainkit.core._step import (
+    evaluate,
+    optimizer_step,
+    rebind_optimizers,
+    scheduler_step,
+    train_batch,
+)
+from trainkit.core._time import Time, TimeUnit, ensure_time
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    """Trains a `TrainModel`.
+
+    Args:
+        model: the model; it must define ``loss(outputs, batch)``.
+        train_dataloader: a `DataLoader`, any re-iterable of batches, or a `DataSpec`.
+        max_duration: how long to train: ``"10ep"``, ``"500ba"``, ``"1e6tok"``, ``"1h"``, an
+            int (epochs), or None if every `fit` call gives a ``duration``.
+        optimizers: one or more optimizers built on ``model.parameters()``. They keep working
+            after algorithms or the strategy replace parameters (re-bound by name). Default:
+            AdamW with lr 1e-3, built after algorithms and the strategy have run.
+        schedulers: trainkit schedules (`trainkit.core.schedulers`) or torch LR schedulers;
+            all are stepped after every batch.
+        algorithms / callbacks / loggers: run by the `Engine` at each `Event`.
+        eval_dataloader: a loader, a `DataSpec`, an `Evaluator`, a list of `Evaluator`, or
+            a dict ``{label: loader}``.
+        eval_interval: a duration (``"1ep"``, ``"500ba"``, ``"0.25dur"``) or a callable
+            ``(state, event) -> bool``. Training always ends with an evaluation.
+        precision: ``"fp32"``, ``"amp_bf16"`` or ``"amp_fp16"`` (CUDA, with a grad scaler).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"`` or a `torch.device`.
+        device_train_microbatch_size: None (whole batch), a size for gradient
+            accumulation, or ``"auto"`` (halve on out-of-memory, agreed across ranks).
+        parallelism: a `ParallelStrategy` (default: single process).
+        seed: the run's seed (rank r uses seed + r); random and broadcast if None.
+        deterministic: use deterministic kernels only (slower, bitwise reproducible on GPU).
+        progress_bar: show progress (trainkit-loggers' bar when installed, else plain lines).
+        run_name: name of the run (default: from the start time).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        train_dataloader: Any = None,
+        max_duration: Time | str | int | None,
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+        schedulers: Any = None,
+        algorithms: Sequence[Algorithm] = (),
+        callbacks: Sequence[Any] = (),
+        loggers: Sequence[LoggerDestination] = (),
+        eval_dataloader: Any = None,
+        eval_interval: Time | str | int | IntervalTrigger = "1ep",
+        precision: Precision | str | None = "fp32",
+        device: Device | str | torch.device | None = "auto",
+        device_train_microbatch_size: int | str | None = None,
+        parallelism: ParallelStrategy | None = None,
+        seed: int | None = None,
+        deterministic: bool = False,
+        progress_bar: bool = True,
+        run_name: str | None = None,
+    ):
+        setup.check_model(model)
+        device = resolve_device(device, dist.get_local_rank())
+        precision = Precision.parse(precision, device)
+        train_data = (
+            setup.to_dataspec(train_dataloader, "train_dataloader")
+            if train_dataloader is not None
+            else None
+        )
+        microbatch, auto = setup.check_microbatch_size(device_train_microbatch_size, train_data)
+        duration = ensure_time(max_duration, "max_duration") if max_duration is not None else None
+        for algorithm in algorithms:
+            if not isinstance(algorithm, Algorithm):
+                raise TypeError(
+                    f"{type(algorithm).__name__} is not an Algorithm: it needs match(event, state) and apply(event, state, logger)"
+                )
+        seed = dist.broadcast_object(random_seed()) if seed is None else seed
+        seed_everything(seed + dist.get_rank())
+        if deterministic:
+            _set_deterministic(device)
+        evaluators = setup.make_evaluators(eval_dataloader)
+        self._eval_trigger = interval_trigger(eval_interval)
+        destinations = list(loggers)
+        if progress_bar:
+            destinations.append(setup.progress_destination(train_data))
+
+        names_before = {id(p): n for n, p in model.named_parameters()}
+        optimizers = setup.make_optimizers(optimizers, model) if optimizers is not None else []
+        self.state = state = State(
+            model=model.to(device),
+            optimizers=optimizers,
+            train_data=train_data,
+            evaluators=evaluators,
+            max_duration=duration,
+            precision=precision,
+            device=device,
+            seed=seed,
+            device_train_microbatch_size=microbatch,
+            auto_microbatching=auto,
+            scaler=torch.amp.GradScaler(device.type) if precision == Precision.AMP_FP16 else None,
+            parallelism=parallelism or SingleProcess(),
+            run_name=run_name or setup.default_run_name(),
+            algorithms=list(algorithms),
+            callbacks=list(callbacks),
+        )
+        self.logger = Logger(destinations, state)
+        self.engine = Engine(state, self.logger)
+
+        self.engine.run_event(Event.INIT)  # surgery algorithms change the model here
+        state.model.to(device)
+        state.parallelism.prepare(state)
+        unwrapped = state.parallelism.unwrap(state.model)
+        rebind_optimizers(state.optimizers, unwrapped, names_before)
+        if not state.optimizers:
+            state.optimizers = [torch.optim.AdamW(unwrapped.parameters(), lr=1e-3)]
+        state.schedulers = setup.make_schedulers(schedulers, state)
+        state.train_metrics = setup.train_metrics_for(unwrapped, device)
+        state.eval_metrics = setup.eval_metrics_for(unwrapped, evaluators, device)
+        if train_data is not None:
+            train_data.make_resumable(seed)
+        self.logger.log_hyperparameters(self._hyperparameters())
+        self.engine.run_event(Event.BEFORE_LOAD)
+        self.engine.run_event(Event.AFTER_LOAD)
+        self._last_eval_batch = -1
+
+    # --- training --------------------------------------------------------------------------
+
+    def fit(
+        self, *, duration: Time | str | int | None = None, train_dataloader: Any = None
+    ) -> None:
+        """Train until ``max_duration``, or for ``duration`` more (e.g. ``"1ep"``, ``"100ba"``)."""
+        state = self.state
+        if train_dataloader is not None:
+            self._replace_train_data(train_dataloader)
+        if duration is not None:
+            state.max_duration = self._extend(duration)
+        if state.train_data is None:
+            raise ValueError(
+                "no training data: pass train_dataloader to Trainer(...) or to fit(...)"
+            )
+        if state.max_duration is None:
+            raise ValueError(
+                "no duration: pass max_duration to Trainer(...) or duration to fit(...)"
+            )
+        state._stop_requested = False
+        state.model.train()
+        self.engine.run_event(Event.FIT_START)
+        self.engine.run_event(Event.ITERATION_START)
+        while not state.is_done() and not state.stop_requested:
+            self._train_epoch()
+        if state.is_done():
+            self.engine.run_event(Event.ITERATION_END)
+            self.engine.run_event(Event.ITERATION_CHECKPOINT)
+        self.engine.run_event(Event.FIT_END)
+
+    def _train_epoch(self) -> None:
+        state, engine = self.state, self.engine
+        if state.timestamp.batch_in_epoch == 0:
+            for metric in state.train_metrics.values():
+                metric.reset()
+            engine.run_event(Event.EPOCH_START)
+        start = state.timestamp.batch_in_epoch
+        for batch in self._batches():
+            self._train_one(batch)
+            if state.is_done() or state.stop_requested:
+                if state.timestamp.batch_in_epoch != state.dataloader_len:
+                    return
+                break
+        if state.timestamp.batch_in_epoch == start == 0:
+            raise ValueError(
+                "train_dataloader yielded no batches in this epoch; it must not be empty"
+            )
+        state.timestamp = state.timestamp.to_next_epoch()
+        if state.train_metrics:
+            self.logger.log_metrics(
+                {f"metrics/train/{k}": m.compute() for k, m in state.train_metrics.items()}
+            )
+        engine.run_event(Event.EPOCH_END)
+        self._maybe_eval(Event.EPOCH_END)
+        engine.run_event(Event.EPOCH_CHECKPOINT)
+
+    def _batches(self) -> Iterator[Any]:
+        state = self.state
+        assert state.train_data is not None
+        iterator = state.train_data.iter_epoch(
+            state.timestamp.epoch, state.timestamp.batch_in_epoch
+        )
+        while True:
+            self.engine.run_event(Event.BEFORE_DATALOADER)
+            try:
+                state.batch = next(iterator)
+            except StopIteration:
+                return
+            self.engine.run_event(Event.AFTER_DATALOADER)
+            yield state.batch
+
+    def _train_one(self, batch: Any) -> None:
+        state, engine, data = self.state, self.engine, self.state.train_data
+        assert data is not None
+        start = time.perf_counter()
+        world = state.world_size
+        samples, tokens = data.get_num_samples_in_batch(batch), data.get_num_tokens_in_batch(batch)
+        state.batch = data.device_transfer(batch, state.device)
+        engine.run_event(Event.BATCH_START)
+        loss = train_batch(state, engine)
+        optimizer_step(state)
+        state.timestamp = state.timestamp.to_next_batch(
+            samples * world, tokens * world, time.perf_counter() - start
+        )
+        scheduler_step(state)
+        self.logger.log_metrics({"loss/train/total": loss})
+        engine.run_event(Event.BATCH_END)
+        self._maybe_eval(Event.BATCH_END)
+        engine.run_event(Event.BATCH_CHECKPOINT)
+
+    def _maybe_eval(self, event: Event) -> None:
+        state = self.state
+        if (
+            state.evaluators
+            and self._last_eval_batch != state.timestamp.batch
+            and self._eval_trigger(state, event)
+        ):
+            self._last_eval_batch = state.timestamp.batch
+            evaluate(state, self.engine)
+
+    # --- evaluation and prediction ---------------------------------------------------------
+
+    def eval(self, eval_dataloader: Any = None) -> dict[str, Any]:
+        """Evaluate now on the Trainer's eval data (or on ``eval_dataloader``); returns the metrics."""
+        state = self.state
+        if eval_dataloader is not None:
+            evaluators = setup.make_evaluators(eval_dataloader)
+            unwrapped = state.parallelism.unwrap(state.model)
+            state.eval_metrics.update(setup.eval_metrics_for(unwrapped, evaluators, state.device))
+        else:
+            evaluators = state.evaluators
+        if not evaluators:
+            raise ValueError(
+                "nothing to evaluate on: pass eval_dataloader to Trainer(...) or to eval(...)"
+            )
+        return evaluate(state, self.engine, evaluators)
+
+    def predict(self, dataloader: Any, *, return_outputs: bool = True) -> list[Any]:
+        """Run ``eval_forward`` over ``dataloader``; returns the outputs (moved to CPU)."""
+        state, engine = self.state, self.engine
+        data = setup.to_dataspec(dataloader, "predict dataloader")
+        model = state.parallelism.unwrap(state.model)
+        was_training, outputs = model.training, []
+        model.eval()
+        engine.run_event(Event.PREDICT_START)
+        with torch.no_grad():
+            for batch in data.iter_epoch(0):
+                state.batch = data.device_transfer(batch, state.device)
+                engine.run_event(Event.PREDICT_BATCH_START)
+                engine.run_event(Event.PREDICT_BEFORE_FORWARD)
+                with autocast(state.precision, state.device):
+                    state.outputs = model.eval_forward(state.batch)
+                engine.run_event(Event.PREDICT_AFTER_FORWARD)
+                if return_outputs:
+                    outputs.append(data.device_transfer(state.outputs, torch.device("cpu")))
+                engine.run_event(Event.PREDICT_BATCH_END)
+        engine.run_event(Event.PREDICT_END)
+        model.train(was_training)
+        return outputs
+
+    def close(self) -> None:
+        """Close callbacks and logger destinations (flush files, finish remote runs)."""
+        self.engine.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _extend(self, duration: Time | str | int) -> Time:
+        more = ensure_time(duration, "duration")
+        if more.unit == TimeUnit.DURATION:
+            raise ValueError(
+                f"fit(duration={duration!r}): a fraction of the run cannot extend it; use '2ep', '100ba', ..."
+            )
+        return Time(self.state.timestamp.get(more.unit) + more.value, more.unit)
+
+    def _replace_train_data(self, dataloader: Any) -> None:
+        state = self.state
+        state.train_data = setup.to_dataspec(dataloader, "train_dataloader")
+        state.train_data.make_resumable(state.seed)
+        if state.timestamp.batch_in_epoch:
+            # The new data starts at its beginning, so it starts a new epoch.
+            state.timestamp = state.timestamp.to_next_epoch()
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "run_name": state.run_name,
+            "seed": state.seed,
+            "max_duration": str(state.max_duration),
+            "precision": state.precision.value,
+            "device": str(state.device),
+            "device_train_microbatch_size": "auto"
+            if state.auto_microbatching
+            else state.device_train_microbatch_size,
+            "world_size": state.world_size,
+            "algorithms": [type(a).__name__ for a in state.algorithms],
+        }
+
+
+def _set_deterministic(device: torch.device) -> None:
+    if device.type == "cuda":
+        # cuBLAS needs this before its first call to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False

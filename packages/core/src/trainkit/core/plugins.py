@@ -1,0 +1,66 @@
+"""Entry-point discovery. Listing names imports nothing; `load` imports one entry point.
+
+Groups: ``trainkit.algorithms``, ``trainkit.callbacks``, ``trainkit.loggers``,
+``trainkit.parallel``, ``trainkit.storage``, ``trainkit.commands``. Third-party packages
+register in the same groups as trainkit's own packages::
+
+    [project.entry-points."trainkit.algorithms"]
+    my_method = "my_package:MyMethod"
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+from typing import Any, NamedTuple
+
+__all__ = ["GROUPS", "PluginInfo", "available", "describe", "load"]
+
+GROUPS = (
+    "trainkit.algorithms",
+    "trainkit.callbacks",
+    "trainkit.loggers",
+    "trainkit.parallel",
+    "trainkit.storage",
+    "trainkit.commands",
+)
+
+
+class PluginInfo(NamedTuple):
+    """An installed entry point: its name, what it points to, and who provides it."""
+
+    group: str
+    name: str
+    value: str
+    distribution: str | None
+
+
+def _entry_points(group: str) -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=group)}
+
+
+def available(group: str) -> list[str]:
+    """Names registered in ``group``, sorted. Nothing is imported."""
+    return sorted(_entry_points(group))
+
+
+def describe(group: str) -> list[PluginInfo]:
+    """Every entry point in ``group`` with the distribution that provides it."""
+    return [
+        PluginInfo(group, ep.name, ep.value, ep.dist.name if ep.dist else None)
+        for ep in sorted(_entry_points(group).values(), key=lambda ep: ep.name)
+    ]
+
+
+@functools.cache
+def load(group: str, name: str) -> Any:
+    """Import and return the object registered as ``name`` in ``group`` (cached).
+
+    Raises:
+        LookupError: no such name; the message lists the installed ones.
+    """
+    entry_points = _entry_points(group)
+    if name not in entry_points:
+        known = ", ".join(sorted(entry_points)) or "none installed"
+        raise LookupError(f"no {group!r} entry point named {name!r}; available: {known}")
+    return entry_points[name].load()

@@ -1,0 +1,102 @@
+"""`ProgressBar`: a one-line bar with ETA and the latest metrics, redrawn in a terminal."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+from trainkit.core import Logger, ProgressLines, State
+
+__all__ = ["ProgressBar"]
+
+
+class ProgressBar(ProgressLines):
+    """Progress of the epoch and of the whole run, on rank 0.
+
+    In a terminal the line is redrawn in place (at most ``refresh_per_second`` times a
+    second); otherwise it falls back to plain lines every ``interval`` batches, so logs
+    captured to files stay readable.
+    """
+
+    def __init__(
+        self,
+        interval: int | None = None,
+        stream: IO[str] | None = None,
+        refresh_per_second: float = 4.0,
+    ):
+        super().__init__(interval=interval, stream=stream)
+        self.refresh_seconds = 1.0 / refresh_per_second
+        self._last_draw = 0.0
+        self._start: tuple[float, float] | None = None
+        self._drawn = False
+
+    @property
+    def _out(self) -> IO[str]:
+        return self.stream or sys.stdout
+
+    def _is_terminal(self) -> bool:
+        return bool(getattr(self._out, "isatty", lambda: False)())
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        self._start = (time.monotonic(), state.elapsed_fraction())
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        self._latest.update(metrics)
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if not self._is_terminal():
+            super().batch_end(state, logger)
+            return
+        now = time.monotonic()
+        if state.rank != 0 or (now - self._last_draw < self.refresh_seconds and not state.is_done()):
+            return
+        self._last_draw = now
+        self._draw(self._line(state, now))
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        self._newline()
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        self._newline()
+        super().eval_after_all(state, logger)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._newline()
+
+    def _line(self, state: State, now: float) -> str:
+        ts, length = state.timestamp, state.dataloader_len
+        width = 20
+        if length:
+            done = min(ts.batch_in_epoch / length, 1.0)
+            bar = "#" * round(done * width) + "." * (width - round(done * width))
+            where = f"epoch {ts.epoch} [{bar}] {ts.batch_in_epoch}/{length}"
+        else:
+            where = f"epoch {ts.epoch} batch {ts.batch_in_epoch}"
+        return f"{where} {self._eta(state, now)} {self._format('loss/train')}"
+
+    def _eta(self, state: State, now: float) -> str:
+        if self._start is None:
+            return ""
+        started, fraction_then = self._start
+        fraction = state.elapsed_fraction()
+        if fraction <= fraction_then:
+            return "ETA --:--"
+        remaining = (now - started) / (fraction - fraction_then) * max(1.0 - fraction, 0.0)
+        minutes, seconds = divmod(int(remaining), 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"ETA {hours}:{minutes:02d}:{seconds:02d}" if hours else f"ETA {minutes:02d}:{seconds:02d}"
+
+    def _draw(self, line: str) -> None:
+        columns = shutil.get_terminal_size((100, 20)).columns
+        self._out.write("\r" + line[: columns - 1].ljust(columns - 1))
+        self._out.flush()
+        self._drawn = True
+
+    def _newline(self) -> None:
+        if self._drawn:
+            self._out.write("\n")
+            self._out.flush()
+            self._drawn = False

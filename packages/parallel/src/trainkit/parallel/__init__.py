@@ -1,0 +1,3 @@
+"""trainkit.parallel."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""trainkit.profiler."""
+
+__all__: list[str] = []
