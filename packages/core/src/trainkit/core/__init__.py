@@ -15,6 +15,7 @@ from trainkit.core._progress import ProgressLines
 from trainkit.core._rng import get_rng_state, seed_everything, set_rng_state
 from trainkit.core._state import Evaluator, State
 from trainkit.core._step import (
+    eval_forward,
     evaluate,
     optimizer_step,
     rebind_optimizers,
@@ -83,6 +84,7 @@ __all__ = [
     "autocast",
     "default_split_batch",
     "ensure_time",
+    "eval_forward",
     "evaluate",
     "get_rng_state",
     "interval_trigger",

@@ -47,8 +47,9 @@ class HuggingFaceModel(TrainModel):
         self.model = model
         self.tokenizer = tokenizer
         if shift_labels is None:
-            name = type(model).__name__
-            shift_labels = name.endswith(("ForCausalLM", "LMHeadModel"))
+            causal_name = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+            encoder_decoder = getattr(self.config, "is_encoder_decoder", False)
+            shift_labels = causal_name and not encoder_decoder
         self.shift_labels = shift_labels
         self._eval_metrics = (
             dict(eval_metrics)
@@ -84,7 +85,12 @@ class HuggingFaceModel(TrainModel):
 
     def update_metric(self, batch: Mapping[str, Any], outputs: Any, metric: Any) -> None:
         logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs.logits
-        labels = batch["labels"]
+        labels = batch.get("labels")
+        if labels is None:
+            raise ValueError(
+                f"the eval batch has no 'labels' (keys: {sorted(batch)}); eval metrics compare "
+                "logits with labels, so include them in eval batches"
+            )
         if self.shift_labels:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
         metric.update(logits, labels)

@@ -135,7 +135,7 @@ def eval_metrics_for(
 ) -> dict[str, dict[str, Any]]:
     result = {}
     for evaluator in evaluators:
-        metrics = model.get_metrics(is_train=False)
+        metrics = _model_metrics(model, is_train=False)
         if evaluator.metric_names is not None:
             unknown = set(evaluator.metric_names) - set(metrics)
             if unknown:
@@ -153,7 +153,13 @@ def _to(metric: Any, device: torch.device) -> Any:
 
 
 def train_metrics_for(model: nn.Module, device: torch.device) -> dict[str, Any]:
-    return {k: _to(m, device) for k, m in model.get_metrics(is_train=True).items()}
+    return {k: _to(m, device) for k, m in _model_metrics(model, is_train=True).items()}
+
+
+def _model_metrics(model: nn.Module, is_train: bool) -> dict[str, Any]:
+    # A plain nn.Module with forward and loss is a TrainModel without metrics.
+    get_metrics = getattr(model, "get_metrics", None)
+    return dict(get_metrics(is_train=is_train)) if get_metrics is not None else {}
 
 
 def progress_destination(data: DataSpec | None) -> LoggerDestination:

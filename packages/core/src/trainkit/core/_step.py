@@ -22,6 +22,7 @@ from trainkit.core._precision import autocast
 from trainkit.core._state import Evaluator, State
 
 __all__ = [
+    "eval_forward",
     "evaluate",
     "optimizer_step",
     "rebind_optimizers",
@@ -185,7 +186,7 @@ def _evaluate_one(
             engine.run_event(Event.EVAL_BATCH_START)
             engine.run_event(Event.EVAL_BEFORE_FORWARD)
             with autocast(state.precision, state.device):
-                state.outputs = model.eval_forward(state.batch)
+                state.outputs = eval_forward(model, state.batch)
             engine.run_event(Event.EVAL_AFTER_FORWARD)
             for metric in metrics.values():
                 model.update_metric(state.batch, state.outputs, metric)
@@ -194,6 +195,12 @@ def _evaluate_one(
     engine.logger.log_metrics(results)
     engine.run_event(Event.EVAL_END)
     return results
+
+
+def eval_forward(model: nn.Module, batch: Any) -> Any:
+    """``model.eval_forward(batch)``, or ``model(batch)`` for a model without one."""
+    method = getattr(model, "eval_forward", None)
+    return method(batch) if method is not None else model(batch)
 
 
 def rebind_optimizers(

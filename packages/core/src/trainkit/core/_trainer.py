@@ -22,6 +22,7 @@ from trainkit.core._precision import Device, Precision, autocast, resolve_device
 from trainkit.core._rng import random_seed, seed_everything
 from trainkit.core._state import State
 from trainkit.core._step import (
+    eval_forward,
     evaluate,
     optimizer_step,
     rebind_optimizers,
@@ -93,7 +94,7 @@ class Trainer:
             else None
         )
         microbatch, auto = setup.check_microbatch_size(device_train_microbatch_size, train_data)
-        duration = ensure_time(max_duration, "max_duration") if max_duration is not None else None
+        duration = _check_max_duration(max_duration)
         for algorithm in algorithms:
             if not isinstance(algorithm, Algorithm):
                 raise TypeError(
@@ -279,7 +280,7 @@ class Trainer:
                 engine.run_event(Event.PREDICT_BATCH_START)
                 engine.run_event(Event.PREDICT_BEFORE_FORWARD)
                 with autocast(state.precision, state.device):
-                    state.outputs = model.eval_forward(state.batch)
+                    state.outputs = eval_forward(model, state.batch)
                 engine.run_event(Event.PREDICT_AFTER_FORWARD)
                 if return_outputs:
                     outputs.append(data.device_transfer(state.outputs, torch.device("cpu")))
@@ -330,6 +331,18 @@ class Trainer:
             "world_size": state.world_size,
             "algorithms": [type(a).__name__ for a in state.algorithms],
         }
+
+
+def _check_max_duration(max_duration: Time | str | int | None) -> Time | None:
+    if max_duration is None:
+        return None
+    duration = ensure_time(max_duration, "max_duration")
+    if duration.unit == TimeUnit.DURATION:
+        raise ValueError(
+            f"max_duration {max_duration!r} is a fraction of itself; give it in epochs, batches, "
+            "samples, tokens or wall-clock time, e.g. '10ep', '500ba', '1h'"
+        )
+    return duration
 
 
 def _set_deterministic(device: torch.device) -> None:

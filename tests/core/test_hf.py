@@ -1,0 +1,142 @@
+"""`HuggingFaceModel` with a tiny randomly initialised GPT-2, trained by the `Trainer` on CPU."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trainkit.core import Callback, HuggingFaceModel, Trainer
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 64
+PERIOD = 16  # sequences count up modulo PERIOD: the next token is always learnable
+
+
+def _gpt2(seed: int = 0) -> HuggingFaceModel:
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=VOCAB,
+        n_positions=32,
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+        loss_type="ForCausalLM",
+    )
+    return HuggingFaceModel(transformers.GPT2LMHeadModel(config))
+
+
+def _batches(
+    count: int, *, batch_size: int = 8, seq_len: int = 16, seed: int = 0
+) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+        start = torch.randint(0, PERIOD, (batch_size, 1), generator=generator)
+        input_ids = (start + torch.arange(seq_len)) % PERIOD
+        batches.append(
+            {
+                "input_ids": input_ids,
+                "attention_mask": torch.ones_like(input_ids),
+                "labels": input_ids.clone(),
+            }
+        )
+    return batches
+
+
+class _LossRecorder(Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def after_loss(self, state, logger) -> None:
+        self.losses.append(state.loss.item())
+
+
+def _trainer(model: HuggingFaceModel, train, **kwargs) -> Trainer:
+    return Trainer(
+        model=model,
+        train_dataloader=train,
+        optimizers=torch.optim.AdamW(model.parameters(), lr=3e-3),
+        device="cpu",
+        seed=0,
+        progress_bar=False,
+        **kwargs,
+    )
+
+
+def test_loss_decreases_on_a_learnable_pattern():
+    recorder = _LossRecorder()
+    trainer = _trainer(_gpt2(), _batches(30), max_duration="30ba", callbacks=[recorder])
+    trainer.fit()
+
+    losses = recorder.losses
+    assert len(losses) == 30
+    assert losses[0] == pytest.approx(math.log(VOCAB), rel=0.2)  # random init: ~uniform
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < 0.5 * first, f"loss went from {first:.3f} to only {last:.3f}"
+
+
+def test_eval_metrics_are_shifted_token_cross_entropy_and_its_exp():
+    model, eval_batches = _gpt2(), _batches(3, seed=1)
+    trainer = _trainer(model, _batches(20), max_duration="20ba", eval_dataloader=eval_batches)
+    trainer.fit()
+    results = trainer.eval()
+
+    cross_entropy = results["metrics/eval/cross_entropy"]
+    perplexity = results["metrics/eval/perplexity"]
+    torch.testing.assert_close(perplexity, torch.exp(cross_entropy))
+    # Every label is counted and batches are equal-sized, so the token mean is the mean of
+    # the model's own (internally shifted) per-batch losses.
+    model.eval()
+    with torch.no_grad():
+        expected = sum(model(b).loss for b in eval_batches) / len(eval_batches)
+    torch.testing.assert_close(cross_entropy, expected.float(), rtol=1e-4, atol=1e-5)
+    assert cross_entropy < math.log(VOCAB) / 2  # it learned something
+
+
+def test_batch_without_labels_raises_value_error_naming_labels():
+    no_labels = [{k: v for k, v in b.items() if k != "labels"} for b in _batches(2)]
+    trainer = _trainer(_gpt2(), no_labels, max_duration="1ba")
+    with pytest.raises(ValueError, match="labels"):
+        trainer.fit()
+
+    trainer = _trainer(_gpt2(), _batches(2), max_duration="1ba")
+    with pytest.raises(ValueError, match="labels"):
+        trainer.eval(eval_dataloader=no_labels)
+
+
+def test_non_dict_batch_raises_type_error():
+    tensors = [b["input_ids"] for b in _batches(2)]
+    trainer = _trainer(_gpt2(), tensors, max_duration="1ba")
+    with pytest.raises(TypeError, match="dict"):
+        trainer.fit()
+
+
+def test_token_count_is_the_non_padding_tokens_seen():
+    batches = _batches(4, batch_size=4, seq_len=12)
+    for i, batch in enumerate(batches):  # right-pad a different amount in each row
+        for row in range(4):
+            pad = (i + row) % 5
+            if pad:
+                batch["attention_mask"][row, -pad:] = 0
+                batch["labels"][row, -pad:] = -100
+    per_epoch = sum(int(b["attention_mask"].sum()) for b in batches)
+    assert per_epoch < 4 * 4 * 12
+
+    trainer = _trainer(_gpt2(), batches, max_duration="2ep")
+    trainer.fit()
+
+    timestamp = trainer.state.timestamp
+    assert timestamp.token == 2 * per_epoch
+    assert timestamp.sample == 2 * 4 * 4
+    assert timestamp.batch == 8
+
+
+def test_import_trainkit_core_does_not_import_transformers():
+    code = "import trainkit.core, sys; assert 'transformers' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

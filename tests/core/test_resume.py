@@ -1,0 +1,150 @@
+"""Exact resume: State.state_dict() after k batches continues bitwise, without data replay."""
+
+import copy
+
+import pytest
+import torch
+from toy import CountingDataset, blobs, flat_params, mlp
+from torch.utils.data import DataLoader
+
+from trainkit.core import Callback, Event, LinearWithWarmupScheduler, Trainer
+
+
+class BatchCounter(Callback):
+    """A callback with state: it must be restored on resume."""
+
+    def __init__(self):
+        self.count = 0
+
+    def batch_end(self, state, logger):
+        self.count += 1
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+class NoisyGradients:
+    """An algorithm with RNG use and state: adds noise to gradients, counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def match(self, event, state):
+        return event == Event.AFTER_TRAIN_BATCH
+
+    def apply(self, event, state, logger):
+        self.calls += 1
+        for p in state.model.parameters():
+            p.grad.add_(torch.randn_like(p.grad) * 1e-3)
+
+    def state_dict(self):
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.calls = state["calls"]
+
+
+class StopAt(Callback):
+    def __init__(self, batch):
+        self.batch = batch
+
+    def batch_end(self, state, logger):
+        if state.timestamp.batch == self.batch:
+            state.stop_training()
+
+
+def build(dataset, extra_callbacks=(), **kwargs):
+    model = mlp(dropout=0.2)
+    counter, noise = BatchCounter(), NoisyGradients()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(dataset, batch_size=16, shuffle=True),
+        optimizers=torch.optim.AdamW(model.parameters(), lr=0.01),
+        schedulers=LinearWithWarmupScheduler(t_warmup="0.2dur"),
+        max_duration="3ep",
+        algorithms=[noise],
+        callbacks=[counter, *extra_callbacks],
+        device_train_microbatch_size=8,
+        progress_bar=False,
+        device="cpu",
+        seed=17,
+        **kwargs,
+    )
+    return trainer, counter, noise
+
+
+def counts(timestamp):
+    """The timestamp without its wall-clock fields."""
+    return {k: v for k, v in timestamp.state_dict().items() if not k.endswith("wct")}
+
+
+@pytest.mark.parametrize("stop_batch", [11, 8])  # mid-epoch, and exactly at an epoch boundary
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(stop_batch):
+    full, full_counter, full_noise = build(CountingDataset(blobs(128)))
+    full.fit()
+
+    first, _, _ = build(CountingDataset(blobs(128)), extra_callbacks=[StopAt(stop_batch)])
+    first.fit()
+    assert first.state.timestamp.batch == stop_batch
+    saved = copy.deepcopy(first.state.state_dict())
+
+    dataset = CountingDataset(blobs(128))
+    resumed, counter, noise = build(dataset)
+    resumed.state.load_state_dict(saved)
+    resumed.fit()
+
+    assert torch.equal(flat_params(resumed.state.model), flat_params(full.state.model))
+    assert counts(resumed.state.timestamp) == counts(full.state.timestamp)
+    assert counter.count == full_counter.count == 24
+    assert noise.calls == full_noise.calls == 24
+    # The resumed run loaded only what it trained on: the tail of the uninterrupted run's reads.
+    full_reads = full.state.train_data.dataloader.dataset.loaded
+    assert len(dataset.loaded) == (24 - stop_batch) * 16
+    assert dataset.loaded == full_reads[stop_batch * 16 :]
+
+
+def test_resume_restores_optimizer_scheduler_and_rng():
+    trainer, _, _ = build(blobs(128), extra_callbacks=[StopAt(5)])
+    trainer.fit()
+    saved = copy.deepcopy(trainer.state.state_dict())
+    lr = trainer.state.optimizers[0].param_groups[0]["lr"]
+    expected_noise = torch.randn(3)
+
+    fresh, _, _ = build(blobs(128))
+    assert fresh.state.optimizers[0].param_groups[0]["lr"] != lr
+    fresh.state.load_state_dict(saved)
+    assert fresh.state.optimizers[0].param_groups[0]["lr"] == lr
+    assert fresh.state.schedulers[0].last_epoch == 5
+    assert torch.equal(torch.randn(3), expected_noise)
+
+
+def test_state_dict_holds_every_part():
+    trainer, _, _ = build(blobs(64), extra_callbacks=[StopAt(2)])
+    trainer.fit()
+    state = trainer.state.state_dict()
+    assert {"model", "optimizers", "schedulers", "timestamp", "rng", "train_metrics", "algorithms", "callbacks"} <= set(state)
+    assert state["timestamp"]["batch"] == 2
+    assert state["algorithms"] == {"NoisyGradients": {"calls": 2}}
+    assert state["callbacks"] == {"BatchCounter": {"count": 2}}
+    assert set(state["model"]) == {name for name, _ in trainer.state.model.named_parameters()}
+    assert len(state["rng"]) == 1  # one entry per rank
+
+
+def test_loading_into_a_run_with_other_optimizers_is_a_clear_error():
+    trainer, _, _ = build(blobs(64))
+    state = trainer.state.state_dict()
+    state["optimizers"] = state["optimizers"] * 2
+    fresh, _, _ = build(blobs(64))
+    with pytest.raises(ValueError, match="2 optimizers but this run has 1"):
+        fresh.state.load_state_dict(state)
+
+
+def test_state_for_an_unknown_callback_warns():
+    trainer, _, _ = build(blobs(64))
+    state = trainer.state.state_dict()
+    state["callbacks"]["Vanished"] = {"x": 1}
+    with pytest.warns(UserWarning, match="'Vanished', which this run does not use"):
+        trainer.state.load_state_dict(state)
