@@ -42,9 +42,11 @@ class ProgressLines(Callback, LoggerDestination):
             line = self._format("metrics/", exclude="metrics/train/")
             self._print(f"[eval at batch {state.timestamp.batch}] {line}")
 
-    def _format(self, prefix: str) -> str:
+    def _format(self, prefix: str, exclude: str | None = None) -> str:
         return "  ".join(
-            f"{k}: {float(v):.4f}" for k, v in self._latest.items() if k.startswith(prefix)
+            f"{k}: {float(v):.4f}"
+            for k, v in self._latest.items()
+            if k.startswith(prefix) and not (exclude and k.startswith(exclude))
         )
 
     def _print(self, line: str) -> None:

@@ -1,0 +1,60 @@
+"""The progress bar: registered by entry point, chosen by the Trainer, readable in files."""
+
+import io
+
+from toy import blobs, loader, mlp
+
+from trainkit.core import Trainer, plugins
+from trainkit.loggers import ProgressBar
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_entry_point_resolves_to_the_progress_bar():
+    assert plugins.load("trainkit.loggers", "progress") is ProgressBar
+
+
+def test_trainer_uses_the_registered_progress_bar_by_default():
+    trainer = Trainer(model=mlp(), train_dataloader=loader(blobs(32)), max_duration="1ba", device="cpu")
+    assert [type(d) for d in trainer.logger.destinations] == [ProgressBar]
+    quiet = Trainer(model=mlp(), train_dataloader=loader(blobs(32)), max_duration="1ba", device="cpu", progress_bar=False)
+    assert quiet.logger.destinations == []
+
+
+def test_plain_lines_when_not_a_terminal():
+    out = io.StringIO()
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(64)),
+        eval_dataloader=loader(blobs(32), shuffle=False),
+        max_duration="2ep",
+        device="cpu",
+        progress_bar=False,
+        loggers=[ProgressBar(interval=2, stream=out)],
+    )
+    trainer.fit()
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert lines[0].startswith("[epoch 0 batch 2/4] loss/train/total: ")
+    assert sum(line.startswith("[eval at batch") for line in lines) == 2
+    assert "metrics/eval/accuracy: " in lines[-1]
+
+
+def test_redrawn_bar_with_eta_in_a_terminal():
+    out = FakeTerminal()
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(64)),
+        max_duration="2ep",
+        device="cpu",
+        progress_bar=False,
+        loggers=[ProgressBar(stream=out, refresh_per_second=1e9)],
+    )
+    trainer.fit()
+    text = out.getvalue()
+    assert text.count("\r") == 8  # one redraw per batch at this refresh rate
+    assert "epoch 0 [" in text and "4/4" in text and "ETA " in text
+    assert "loss/train/total: " in text
