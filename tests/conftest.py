@@ -5,7 +5,7 @@ modules are imported here, once, before any fork, so each rank starts in ~0.1 s.
 """
 
 import torch
-import torch._dynamo  # noqa: F401
-import torch.distributed.checkpoint  # noqa: F401
-import torch.distributed.fsdp  # noqa: F401
+import torch._dynamo
+import torch.distributed.checkpoint
+import torch.distributed.fsdp
 import torch.distributed.tensor.parallel  # noqa: F401

@@ -30,7 +30,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, conn: Any, args: tuple) -> None:
+def _child(
+    fn: Callable[..., Any], rank: int, world_size: int, port: int, conn: Any, args: tuple
+) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -62,14 +64,18 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, conn: 
             os._exit(0)  # skip pytest's atexit handlers inherited through fork
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked ranks; return their results."""
     ctx = mp.get_context("fork")
     port = free_port()
     pipes, procs = [], []
     for rank in range(world_size):
         receiver, sender = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(fn, rank, world_size, port, sender, args), daemon=True)
+        proc = ctx.Process(
+            target=_child, args=(fn, rank, world_size, port, sender, args), daemon=True
+        )
         proc.start()
         sender.close()
         pipes.append(receiver)

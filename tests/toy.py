@@ -18,7 +18,9 @@ def blobs(n: int = 128, features: int = 8, seed: int = 0) -> TensorDataset:
 
 def mlp(features: int = 8, hidden: int = 16, dropout: float = 0.1, seed: int = 0) -> Classifier:
     torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 2))
+    net = nn.Sequential(
+        nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 2)
+    )
     return Classifier(net, num_classes=2)
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from toy import blobs, loader, mlp
 from torch import nn
 
+from toy import blobs, loader, mlp
 from trainkit.core import AlgorithmError, Event, Trainer
 
 
@@ -43,17 +43,21 @@ def test_bad_max_duration(duration, message):
 )
 def test_bad_microbatch_size(size, message):
     with pytest.raises(ValueError, match=message):
-        trainer(train_dataloader=loader(blobs(64), batch_size=16), device_train_microbatch_size=size)
+        trainer(
+            train_dataloader=loader(blobs(64), batch_size=16), device_train_microbatch_size=size
+        )
 
 
 def test_optimizer_over_other_parameters():
     other = nn.Linear(3, 3)
-    with pytest.raises(ValueError, match=r"SGD covers none of the model's 4 parameters \(2 others\)"):
+    with pytest.raises(
+        ValueError, match=r"SGD covers none of the model's 4 parameters \(2 others\)"
+    ):
         trainer(optimizers=torch.optim.SGD(other.parameters(), lr=0.1))
 
 
 def test_not_an_optimizer():
-    with pytest.raises(TypeError, match="torch.optim.Optimizer objects, got str"):
+    with pytest.raises(TypeError, match=r"torch\.optim\.Optimizer objects, got str"):
         trainer(optimizers=["adam"])
 
 
@@ -63,7 +67,7 @@ def test_model_without_loss():
 
 
 def test_not_a_module():
-    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"must be a torch\.nn\.Module"):
         trainer(model=lambda batch: batch)
 
 
@@ -80,18 +84,25 @@ def test_empty_iterable_without_length_fails_at_first_epoch():
 
 @pytest.mark.parametrize("precision", ["fp8", "bf16", "float32"])
 def test_unknown_precision(precision):
-    with pytest.raises(ValueError, match=rf"unknown precision '{precision}'; accepted: 'fp32', 'amp_fp16', 'amp_bf16'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"unknown precision '{precision}'; accepted: 'fp32', 'amp_fp16', 'amp_bf16'",
+    ):
         trainer(precision=precision)
 
 
 def test_fp16_needs_cuda():
-    with pytest.raises(ValueError, match=r"'amp_fp16' needs a CUDA device.*use 'amp_bf16' or 'fp32'"):
+    with pytest.raises(
+        ValueError, match=r"'amp_fp16' needs a CUDA device.*use 'amp_bf16' or 'fp32'"
+    ):
         trainer(precision="amp_fp16", device="cpu")
 
 
 @pytest.mark.parametrize("device", ["gpu", "tpu", "cuda:0:1"])
 def test_unknown_device(device):
-    with pytest.raises(ValueError, match=rf"unknown device '{device}'; accepted: 'cpu', 'cuda', 'mps', 'auto'"):
+    with pytest.raises(
+        ValueError, match=rf"unknown device '{device}'; accepted: 'cpu', 'cuda', 'mps', 'auto'"
+    ):
         trainer(device=device)
 
 
@@ -102,7 +113,9 @@ def test_cuda_requested_without_cuda(monkeypatch):
 
 
 def test_not_an_algorithm():
-    with pytest.raises(TypeError, match=r"Linear is not an Algorithm: it needs match\(event, state\)"):
+    with pytest.raises(
+        TypeError, match=r"Linear is not an Algorithm: it needs match\(event, state\)"
+    ):
         trainer(algorithms=[nn.Linear(2, 2)])
 
 
@@ -115,7 +128,9 @@ def test_failing_algorithm_is_named_with_the_event():
             raise KeyError("boom")
 
     t = trainer(algorithms=[Explodes()])
-    with pytest.raises(AlgorithmError, match=r"algorithm Explodes failed at event AFTER_LOSS: KeyError: 'boom'") as info:
+    with pytest.raises(
+        AlgorithmError, match=r"algorithm Explodes failed at event AFTER_LOSS: KeyError: 'boom'"
+    ) as info:
         t.fit()
     assert isinstance(info.value.__cause__, KeyError)
 
@@ -136,5 +151,8 @@ def test_evaluator_asking_for_unknown_metric():
     from trainkit.core import DataSpec, Evaluator
 
     bad = Evaluator(label="val", data=DataSpec(loader(blobs(16))), metric_names=["f1"])
-    with pytest.raises(ValueError, match=r"asks for metrics \['f1'\], but the model provides \['accuracy', 'cross_entropy'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"asks for metrics \['f1'\], but the model provides \['accuracy', 'cross_entropy'\]",
+    ):
         trainer(eval_dataloader=bad)

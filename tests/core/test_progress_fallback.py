@@ -3,14 +3,17 @@
 import io
 
 from toy import blobs, loader, mlp
-
 from trainkit.core import ProgressLines, Trainer, plugins
 
 
 def test_plain_lines_when_no_progress_entry_point(monkeypatch, capsys):
     real = plugins.available
-    monkeypatch.setattr(plugins, "available", lambda group: [n for n in real(group) if n != "progress"])
-    trainer = Trainer(model=mlp(), train_dataloader=loader(blobs(160)), max_duration="1ep", device="cpu")
+    monkeypatch.setattr(
+        plugins, "available", lambda group: [n for n in real(group) if n != "progress"]
+    )
+    trainer = Trainer(
+        model=mlp(), train_dataloader=loader(blobs(160)), max_duration="1ep", device="cpu"
+    )
     assert [type(d) for d in trainer.logger.destinations] == [ProgressLines]
     trainer.fit()
     lines = capsys.readouterr().out.splitlines()

@@ -4,9 +4,9 @@ import copy
 
 import pytest
 import torch
-from toy import CountingDataset, blobs, flat_params, mlp
 from torch.utils.data import DataLoader
 
+from toy import CountingDataset, blobs, flat_params, mlp
 from trainkit.core import Callback, Event, LinearWithWarmupScheduler, Trainer
 
 
@@ -125,7 +125,16 @@ def test_state_dict_holds_every_part():
     trainer, _, _ = build(blobs(64), extra_callbacks=[StopAt(2)])
     trainer.fit()
     state = trainer.state.state_dict()
-    assert {"model", "optimizers", "schedulers", "timestamp", "rng", "train_metrics", "algorithms", "callbacks"} <= set(state)
+    assert {
+        "model",
+        "optimizers",
+        "schedulers",
+        "timestamp",
+        "rng",
+        "train_metrics",
+        "algorithms",
+        "callbacks",
+    } <= set(state)
     assert state["timestamp"]["batch"] == 2
     assert state["algorithms"] == {"NoisyGradients": {"calls": 2}}
     assert state["callbacks"] == {"BatchCounter": {"count": 2}}

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from toy import OOMAbove, blobs, flat_params, loader, mlp
 from torch import nn
 
+from toy import OOMAbove, blobs, flat_params, loader, mlp
 from trainkit.core import Callback, Event, Time, TimeUnit, Trainer
 
 
@@ -97,7 +97,11 @@ def test_event_order_in_one_batch():
     recorder = Recorder()
     make_trainer(max_duration="1ba", callbacks=[recorder], device_train_microbatch_size=8).fit()
     events = recorder.events
-    assert events[: events.index(Event.FIT_START)] == [Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD]
+    assert events[: events.index(Event.FIT_START)] == [
+        Event.INIT,
+        Event.BEFORE_LOAD,
+        Event.AFTER_LOAD,
+    ]
     start = events.index(Event.BATCH_START)
     per_microbatch = [
         Event.BEFORE_FORWARD,
@@ -124,9 +128,13 @@ def test_event_order_in_one_batch():
 def test_gradient_accumulation_matches_the_full_batch():
     full = make_trainer(model=mlp(dropout=0.0), max_duration="3ba")
     full.fit()
-    accumulated = make_trainer(model=mlp(dropout=0.0), max_duration="3ba", device_train_microbatch_size=3)
+    accumulated = make_trainer(
+        model=mlp(dropout=0.0), max_duration="3ba", device_train_microbatch_size=3
+    )
     accumulated.fit()
-    torch.testing.assert_close(flat_params(full.state.model), flat_params(accumulated.state.model), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        flat_params(full.state.model), flat_params(accumulated.state.model), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_auto_microbatching_halves_on_out_of_memory():
@@ -137,11 +145,15 @@ def test_auto_microbatching_halves_on_out_of_memory():
     assert model.sizes[:4] == [16, 8, 4, 4]  # 16 and 8 fail, then four microbatches of 4
     reference = make_trainer(model=mlp(dropout=0.0), max_duration="3ba")
     reference.fit()
-    torch.testing.assert_close(flat_params(model.inner), flat_params(reference.state.model), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        flat_params(model.inner), flat_params(reference.state.model), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_auto_microbatching_gives_up_at_size_one():
-    trainer = make_trainer(model=OOMAbove(limit=0), max_duration="1ba", device_train_microbatch_size="auto")
+    trainer = make_trainer(
+        model=OOMAbove(limit=0), max_duration="1ba", device_train_microbatch_size="auto"
+    )
     with pytest.raises(RuntimeError, match="device_train_microbatch_size=1"):
         trainer.fit()
 
@@ -174,7 +186,10 @@ def test_eval_interval_in_batches_and_final_eval():
 
     trainer = make_trainer(
         max_duration="7ba",
-        eval_dataloader={"a": loader(blobs(32), shuffle=False), "b": loader(blobs(16), shuffle=False)},
+        eval_dataloader={
+            "a": loader(blobs(32), shuffle=False),
+            "b": loader(blobs(16), shuffle=False),
+        },
         eval_interval="3ba",
         callbacks=[EvalCounter()],
     )
@@ -185,7 +200,11 @@ def test_eval_interval_in_batches_and_final_eval():
 def test_predict_returns_outputs_per_batch():
     trainer = make_trainer()
     outputs = trainer.predict(loader(blobs(40), batch_size=16, shuffle=False))
-    assert [o.shape for o in outputs] == [torch.Size([16, 2]), torch.Size([16, 2]), torch.Size([8, 2])]
+    assert [o.shape for o in outputs] == [
+        torch.Size([16, 2]),
+        torch.Size([16, 2]),
+        torch.Size([8, 2]),
+    ]
     assert trainer.state.model.training
 
 
@@ -246,7 +265,9 @@ def test_user_optimizer_is_rebound_after_surgery_at_init():
         def apply(self, event, state, logger):
             state.model.module[3] = nn.Linear(16, 2)
 
-    trainer = make_trainer(model=model, optimizers=optimizer, algorithms=[ReplaceHead()], max_duration="2ba")
+    trainer = make_trainer(
+        model=model, optimizers=optimizer, algorithms=[ReplaceHead()], max_duration="2ba"
+    )
     new_head = model.module[3].weight
     before = new_head.detach().clone()
     trainer.fit()
@@ -273,7 +294,9 @@ def test_user_optimizer_is_rebound_after_a_strategy_replaces_parameters():
 
     model = mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    trainer = make_trainer(model=model, optimizers=optimizer, parallelism=ReplaceParameters(), max_duration="2ba")
+    trainer = make_trainer(
+        model=model, optimizers=optimizer, parallelism=ReplaceParameters(), max_duration="2ba"
+    )
     live = list(model.parameters())
     before = flat_params(model)
     trainer.fit()

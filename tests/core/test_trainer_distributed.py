@@ -1,10 +1,10 @@
 """The Trainer on 2 gloo ranks (forked): eval metrics, auto-microbatching and seeds agree."""
 
 import torch
-from multirank import run_ranks
-from toy import OOMAbove, blobs, loader, mlp
 from torch.utils.data import DataLoader, DistributedSampler
 
+from multirank import run_ranks
+from toy import OOMAbove, blobs, loader, mlp
 from trainkit.core import Trainer
 
 
@@ -42,7 +42,9 @@ def _distributed_checks(rank, world_size):
 
 def test_two_ranks_agree():
     results = run_ranks(_distributed_checks, 2)
-    single = _trainer(mlp(seed=0), 0, eval_dataloader=loader(blobs(100, seed=5), shuffle=False), seed=3).eval()
+    single = _trainer(
+        mlp(seed=0), 0, eval_dataloader=loader(blobs(100, seed=5), shuffle=False), seed=3
+    ).eval()
     for result in results:
         assert abs(result["accuracy"] - float(single["metrics/eval/accuracy"])) < 1e-6
         assert abs(result["cross_entropy"] - float(single["metrics/eval/cross_entropy"])) < 1e-5

@@ -3,7 +3,6 @@
 import io
 
 from toy import blobs, loader, mlp
-
 from trainkit.core import Trainer, plugins
 from trainkit.loggers import ProgressBar
 
@@ -18,9 +17,17 @@ def test_entry_point_resolves_to_the_progress_bar():
 
 
 def test_trainer_uses_the_registered_progress_bar_by_default():
-    trainer = Trainer(model=mlp(), train_dataloader=loader(blobs(32)), max_duration="1ba", device="cpu")
+    trainer = Trainer(
+        model=mlp(), train_dataloader=loader(blobs(32)), max_duration="1ba", device="cpu"
+    )
     assert [type(d) for d in trainer.logger.destinations] == [ProgressBar]
-    quiet = Trainer(model=mlp(), train_dataloader=loader(blobs(32)), max_duration="1ba", device="cpu", progress_bar=False)
+    quiet = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(32)),
+        max_duration="1ba",
+        device="cpu",
+        progress_bar=False,
+    )
     assert quiet.logger.destinations == []
 
 

@@ -166,9 +166,14 @@ class Callback:
 
 
 def overrides(obj: object, event: Event) -> bool:
-    """Whether ``obj`` does something at ``event`` (a Callback method that is not the no-op)."""
-    run_event = getattr(type(obj), "run_event", None)
-    if run_event is not Callback.run_event:
-        return run_event is not None
-    method = getattr(type(obj), event.value, None)
-    return method is not None and method is not getattr(Callback, event.value)
+    """Whether ``obj`` does something at ``event``.
+
+    True for an object with its own ``run_event``, or with a method named after the event
+    that is not `Callback`'s no-op: duck-typed callbacks need no base class.
+    """
+    cls = type(obj)
+    run_event = getattr(cls, "run_event", None)
+    if run_event is not None and run_event is not Callback.run_event:
+        return True
+    method = getattr(cls, event.value, None)
+    return callable(method) and method is not getattr(Callback, event.value, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ class Engine:
         self.logger = logger
         self.passes: list[OrderingPass] = []
         self.history: collections.deque[Trace] = collections.deque(maxlen=history_size)
-        self._listeners: dict[Event, list[object]] = {}
+        self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
         self._listeners_key: tuple[int, ...] = ()
         self.fired: set[Event] = set()
 
@@ -82,9 +83,9 @@ class Engine:
         event = Event(event)
         self.fired.add(event)
         traces = self._run_algorithms(event) if self.state.algorithms else []
-        for listener in self._listeners_for(event):
+        for listener, handler in self._listeners_for(event):
             try:
-                listener.run_event(event, self.state, self.logger)  # type: ignore[attr-defined]
+                handler(self.state, self.logger)
             except Exception as err:
                 _raise_with_context(err, CallbackError, f"callback {_name(listener)}", event)
         return traces
@@ -95,7 +96,7 @@ class Engine:
         for ordering_pass in self.passes:
             matched = ordering_pass(matched, event)
         if event.is_after:
-            matched.reverse()
+            matched = matched[::-1]  # a copy: a pass may have returned a list it keeps
         traces = []
         for order, algorithm in enumerate(matched):
             start = time.perf_counter()
@@ -108,7 +109,7 @@ class Engine:
             self.history.append(trace)
         return traces
 
-    def _listeners_for(self, event: Event) -> Sequence[object]:
+    def _listeners_for(self, event: Event) -> Sequence[tuple[object, Callable[..., None]]]:
         # Callbacks and destinations that only inherit no-ops are skipped; the lists are
         # rebuilt only when the registered objects change, not per event.
         key = tuple(map(id, self.state.callbacks)) + tuple(map(id, self.logger.destinations))
@@ -118,17 +119,25 @@ class Engine:
         listeners = self._listeners.get(event)
         if listeners is None:
             unique = {id(c): c for c in [*self.state.callbacks, *self.logger.destinations]}
-            listeners = [c for c in unique.values() if overrides(c, event)]
+            listeners = [(c, _handler(c, event)) for c in unique.values() if overrides(c, event)]
             self._listeners[event] = listeners
         return listeners
 
     def close(self) -> None:
         """Close every callback, then every logger destination, each once."""
-        destinations = set(map(id, self.logger.destinations))
+        closed = set(map(id, self.logger.destinations))
         for callback in self.state.callbacks:
-            if id(callback) not in destinations and hasattr(callback, "close"):
+            if id(callback) not in closed and hasattr(callback, "close"):
+                closed.add(id(callback))
                 callback.close()
         self.logger.close()
+
+
+def _handler(listener: object, event: Event) -> Callable[..., None]:
+    run_event = getattr(listener, "run_event", None)
+    if run_event is not None:
+        return functools.partial(run_event, event)
+    return getattr(listener, event.value)
 
 
 def _raise_with_context(err: Exception, wrapper: type[RuntimeError], who: str, event: Event):

@@ -67,9 +67,11 @@ def _count_one_batch_ago(state: State, now: float) -> float:
 
 def _ends_mid_epoch(state: State) -> bool:
     # Training that stops mid-epoch (e.g. max_duration="500ba") gets its final trigger
-    # at that batch, since no EPOCH_END follows.
+    # at that batch, since no EPOCH_END follows. When the last batch also ends the epoch,
+    # EPOCH_END follows and fires instead, so the trigger does not fire twice.
     return (
         state.is_done()
         and state.max_duration is not None
-        and (state.max_duration.unit != TimeUnit.EPOCH)
+        and state.max_duration.unit != TimeUnit.EPOCH
+        and state.timestamp.batch_in_epoch != state.dataloader_len
     )

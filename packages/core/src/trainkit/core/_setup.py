@@ -104,15 +104,36 @@ def make_schedulers(schedulers: Any, state: State) -> list[Any]:
             compiled.append(scheduler)
         elif isinstance(scheduler, Scheduler):
             for optimizer in state.optimizers:
-                compiled.append(
-                    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _, s=scheduler: s(state))
-                )
+                compiled.append(ScheduleLR(optimizer, _at_state(scheduler, state)))
         else:
             raise TypeError(
                 f"scheduler {scheduler!r} is neither a trainkit schedule (a callable of the "
                 "state) nor a torch.optim.lr_scheduler.LRScheduler"
             )
     return compiled
+
+
+class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):
+    """A trainkit schedule driving one optimizer; `refresh` re-reads it at the current time."""
+
+    def refresh(self) -> None:
+        for group, base, schedule in zip(
+            self.optimizer.param_groups, self.base_lrs, self.lr_lambdas, strict=True
+        ):
+            group["lr"] = base * schedule(self.last_epoch)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+def _at_state(schedule: Scheduler, state: State) -> Any:
+    # Until the run knows its max_duration (it may come with fit()), keep the base lr.
+    return lambda _: schedule(state) if state.max_duration is not None else 1.0
+
+
+def refresh_schedules(state: State) -> None:
+    """Apply each trainkit schedule at the current time (start of fit, after max_duration changes)."""
+    for scheduler in state.schedulers:
+        if isinstance(scheduler, ScheduleLR):
+            scheduler.refresh()
 
 
 def make_evaluators(eval_data: Any) -> list[Evaluator]:

@@ -27,12 +27,15 @@ _ACCEPTED: Final = (
     "'1e6tok' (tokens), '0.25dur' (fraction of max_duration), or wall-clock time such as "
     "'1h30m', '45m', '90s'; an int means epochs"
 )
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+]?\d+)?"
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _UNIT_RE: Final = re.compile(rf"^\s*({_NUMBER})\s*(ep|ba|sp|tok|dur|sec)\s*$")
 _CLOCK_RE: Final = re.compile(rf"^\s*(?:({_NUMBER})h)?\s*(?:({_NUMBER})m)?\s*(?:({_NUMBER})s)?\s*$")
-_INTEGRAL_UNITS: Final = frozenset(
-    {TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN}
-)
+_INTEGRAL_UNITS: Final = {
+    TimeUnit.EPOCH: "epochs",
+    TimeUnit.BATCH: "batches",
+    TimeUnit.SAMPLE: "samples",
+    TimeUnit.TOKEN: "tokens",
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,9 +62,10 @@ class Time:
         if value < 0:
             raise ValueError(f"time {value}{unit.value} is negative; {_ACCEPTED}")
         if unit in _INTEGRAL_UNITS:
-            if float(value) != int(value):
+            if isinstance(value, float) and not value.is_integer():
                 raise ValueError(
-                    f"time {value}{unit.value} is not a whole number of {unit.name.lower()}s"
+                    f"time {value}{unit.value} is not a whole number of "
+                    f"{_INTEGRAL_UNITS[unit]}; {_ACCEPTED}"
                 )
             object.__setattr__(self, "value", int(value))
         else:
@@ -73,7 +77,7 @@ class Time:
         if not isinstance(text, str):
             raise TypeError(f"time string must be a str, got {type(text).__name__} {text!r}")
         if match := _UNIT_RE.match(text):
-            return cls(float(match.group(1)), TimeUnit(match.group(2)))
+            return cls(_number(match.group(1)), TimeUnit(match.group(2)))
         clock = _CLOCK_RE.match(text)
         if clock and any(clock.groups()):
             hours, minutes, seconds = (float(g) if g else 0.0 for g in clock.groups())
@@ -82,6 +86,11 @@ class Time:
 
     def __str__(self) -> str:
         return f"{self.value}{self.unit.value}"
+
+
+def _number(text: str) -> int | float:
+    # Whole numbers stay ints so that large counts ("12345678901234567891sp") are exact.
+    return int(text) if text.isdigit() else float(text)
 
 
 def ensure_time(value: Time | str | int, what: str = "duration") -> Time:

@@ -168,6 +168,7 @@ class Trainer:
             raise ValueError(
                 "no duration: pass max_duration to Trainer(...) or duration to fit(...)"
             )
+        setup.refresh_schedules(state)
         state._stop_requested = False
         state.model.train()
         self.engine.run_event(Event.FIT_START)

@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 
 def is_initialized() -> bool:
@@ -75,11 +76,11 @@ def all_gather_object(obj: T) -> list[T]:
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Reduce ``tensor`` in place over all ranks with ``op`` in sum/max/min; returns it."""
+    # Checked on every world size, so a bad op fails in single-process tests too.
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"all_reduce op {op!r} is not supported; use one of {sorted(_REDUCE_OPS)}")
     if get_world_size() > 1:
-        ops = {"sum": _dist.ReduceOp.SUM, "max": _dist.ReduceOp.MAX, "min": _dist.ReduceOp.MIN}
-        if op not in ops:
-            raise ValueError(f"all_reduce op {op!r} is not supported; use one of {sorted(ops)}")
-        _dist.all_reduce(tensor, op=ops[op])
+        _dist.all_reduce(tensor, op=getattr(_dist.ReduceOp, _REDUCE_OPS[op]))
     return tensor
 
 

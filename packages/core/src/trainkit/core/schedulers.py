@@ -66,6 +66,15 @@ def as_fraction(time: Time | str | int, state: State) -> float:
     )
 
 
+def _positive_time(name: str, value: Time | str | int) -> Time:
+    time = ensure_time(value, name)
+    if time.value == 0:
+        raise ValueError(
+            f"{name} {value!r} is zero; use a positive duration such as '1dur' or '1ep'"
+        )
+    return time
+
+
 def _check_alpha(name: str, value: float) -> None:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -76,7 +85,7 @@ class ConstantScheduler:
 
     def __init__(self, alpha: float = 1.0, t_max: Time | str = "1dur"):
         _check_alpha("alpha", alpha)
-        self.alpha, self.t_max = alpha, ensure_time(t_max)
+        self.alpha, self.t_max = alpha, ensure_time(t_max, "t_max")
 
     def __call__(self, state: State) -> float:
         return self.alpha if state.elapsed_fraction() < as_fraction(self.t_max, state) else 1.0
@@ -88,7 +97,8 @@ class LinearScheduler:
     def __init__(self, alpha_i: float = 1.0, alpha_f: float = 0.0, t_max: Time | str = "1dur"):
         _check_alpha("alpha_i", alpha_i)
         _check_alpha("alpha_f", alpha_f)
-        self.alpha_i, self.alpha_f, self.t_max = alpha_i, alpha_f, ensure_time(t_max)
+        self.alpha_i, self.alpha_f = alpha_i, alpha_f
+        self.t_max = _positive_time("t_max", t_max)
 
     def __call__(self, state: State) -> float:
         progress = min(state.elapsed_fraction() / as_fraction(self.t_max, state), 1.0)
@@ -100,7 +110,7 @@ class ExponentialScheduler:
 
     def __init__(self, gamma: float, decay_period: Time | str = "1ep"):
         _check_alpha("gamma", gamma)
-        self.gamma, self.decay_period = gamma, ensure_time(decay_period)
+        self.gamma, self.decay_period = gamma, _positive_time("decay_period", decay_period)
 
     def __call__(self, state: State) -> float:
         return self.gamma ** (state.elapsed_fraction() / as_fraction(self.decay_period, state))
@@ -111,7 +121,7 @@ class StepScheduler:
 
     def __init__(self, step_size: Time | str, gamma: float = 0.1):
         _check_alpha("gamma", gamma)
-        self.step_size, self.gamma = ensure_time(step_size), gamma
+        self.step_size, self.gamma = _positive_time("step_size", step_size), gamma
 
     def __call__(self, state: State) -> float:
         steps = math.floor(state.elapsed_fraction() / as_fraction(self.step_size, state) + 1e-9)
@@ -137,7 +147,7 @@ class PolynomialScheduler:
 
     def __init__(self, power: float, t_max: Time | str = "1dur", alpha_f: float = 0.0):
         _check_alpha("alpha_f", alpha_f)
-        self.power, self.t_max, self.alpha_f = power, ensure_time(t_max), alpha_f
+        self.power, self.t_max, self.alpha_f = power, _positive_time("t_max", t_max), alpha_f
 
     def __call__(self, state: State) -> float:
         progress = min(state.elapsed_fraction() / as_fraction(self.t_max, state), 1.0)
@@ -149,7 +159,7 @@ class CosineAnnealingScheduler:
 
     def __init__(self, t_max: Time | str = "1dur", alpha_f: float = 0.0):
         _check_alpha("alpha_f", alpha_f)
-        self.t_max, self.alpha_f = ensure_time(t_max), alpha_f
+        self.t_max, self.alpha_f = _positive_time("t_max", t_max), alpha_f
 
     def __call__(self, state: State) -> float:
         progress = min(state.elapsed_fraction() / as_fraction(self.t_max, state), 1.0)
@@ -165,7 +175,8 @@ class _Warmup:
 
     def __init__(self, t_warmup: Time | str, t_max: Time | str, alpha_f: float):
         _check_alpha("alpha_f", alpha_f)
-        self.t_warmup, self.t_max, self.alpha_f = ensure_time(t_warmup), ensure_time(t_max), alpha_f
+        self.t_warmup, self.t_max = ensure_time(t_warmup, "t_warmup"), ensure_time(t_max, "t_max")
+        self.alpha_f = alpha_f
 
     def _after(self, progress: float) -> float:
         raise NotImplementedError

@@ -51,7 +51,9 @@ class ProgressBar(ProgressLines):
             super().batch_end(state, logger)
             return
         now = time.monotonic()
-        if state.rank != 0 or (now - self._last_draw < self.refresh_seconds and not state.is_done()):
+        if state.rank != 0 or (
+            now - self._last_draw < self.refresh_seconds and not state.is_done()
+        ):
             return
         self._last_draw = now
         self._draw(self._line(state, now))
@@ -87,7 +89,11 @@ class ProgressBar(ProgressLines):
         remaining = (now - started) / (fraction - fraction_then) * max(1.0 - fraction, 0.0)
         minutes, seconds = divmod(int(remaining), 60)
         hours, minutes = divmod(minutes, 60)
-        return f"ETA {hours}:{minutes:02d}:{seconds:02d}" if hours else f"ETA {minutes:02d}:{seconds:02d}"
+        return (
+            f"ETA {hours}:{minutes:02d}:{seconds:02d}"
+            if hours
+            else f"ETA {minutes:02d}:{seconds:02d}"
+        )
 
     def _draw(self, line: str) -> None:
         columns = shutil.get_terminal_size((100, 20)).columns

@@ -1,0 +1,350 @@
+"""`Engine`: order of algorithms, callbacks and destinations; traces; errors."""
+
+import pytest
+import torch
+from torch import nn
+
+from trainkit.core import (
+    AlgorithmError,
+    Callback,
+    CallbackError,
+    Engine,
+    Event,
+    Logger,
+    LoggerDestination,
+    State,
+    Trace,
+)
+
+
+class Step:
+    """An algorithm that records its name in a shared log at the events it matches."""
+
+    def __init__(self, name, log, events=(Event.BATCH_START, Event.AFTER_FORWARD), exit_code=None):
+        self.name, self.log, self.events, self.exit_code = name, log, set(events), exit_code
+
+    def match(self, event, state):
+        return event in self.events
+
+    def apply(self, event, state, logger):
+        self.log.append(self.name)
+        return self.exit_code
+
+
+class StepA(Step):
+    pass
+
+
+class StepB(Step):
+    pass
+
+
+class StepC(Step):
+    pass
+
+
+class Exploder:
+    def __init__(self, error):
+        self.error = error
+
+    def match(self, event, state):
+        return event == Event.BATCH_START
+
+    def apply(self, event, state, logger):
+        raise self.error
+
+
+class Listener(Callback):
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.closed = 0
+
+    def batch_start(self, state, logger):
+        self.log.append(self.name)
+
+    def close(self):
+        self.closed += 1
+
+
+class DestinationListener(Listener, LoggerDestination):
+    pass
+
+
+class PlainDestination(LoggerDestination):
+    def __init__(self, log):
+        self.log = log
+        self.closed = 0
+
+    def batch_start(self, state, logger):  # not a Callback, yet called: duck typing
+        self.log.append("plain")
+
+    def close(self):
+        self.closed += 1
+
+
+class Everything(Callback):
+    def __init__(self):
+        self.events = []
+
+    def run_event(self, event, state, logger):
+        self.events.append(event)
+
+
+class FailingCallback(Callback):
+    def batch_end(self, state, logger):
+        raise KeyError("missing")
+
+
+def make_engine(algorithms=(), callbacks=(), destinations=(), **kwargs):
+    state = State(model=nn.Linear(1, 1), algorithms=list(algorithms), callbacks=list(callbacks))
+    return Engine(state, Logger(destinations, state), **kwargs)
+
+
+def three(log):
+    return [StepA("A", log), StepB("B", log), StepC("C", log)]
+
+
+def test_algorithms_run_in_list_order():
+    log = []
+    engine = make_engine(three(log))
+    traces = engine.run_event(Event.BATCH_START)
+    assert log == ["A", "B", "C"]
+    assert [(t.name, t.order) for t in traces] == [("StepA", 0), ("StepB", 1), ("StepC", 2)]
+
+
+@pytest.mark.parametrize("event", [Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.EVAL_AFTER_FORWARD])
+def test_algorithms_run_in_reverse_for_after_events(event):
+    log = []
+    engine = make_engine(
+        [StepA("A", log, [event]), StepB("B", log, [event]), StepC("C", log, [event])]
+    )
+    engine.run_event(event)
+    assert log == ["C", "B", "A"]
+
+
+def test_after_events_are_recognised():
+    assert Event.AFTER_FORWARD.is_after
+    assert Event.AFTER_BACKWARD.is_after
+    assert Event.PREDICT_AFTER_FORWARD.is_after
+    assert not Event.BATCH_END.is_after
+    assert not Event.BEFORE_FORWARD.is_after
+
+
+def test_only_matching_algorithms_run():
+    log = []
+    engine = make_engine([StepA("A", log, [Event.BATCH_START]), StepB("B", log, [Event.BATCH_END])])
+    traces = engine.run_event("batch_end")
+    assert log == ["B"]
+    assert [t.name for t in traces] == ["StepB"]
+    assert engine.run_event(Event.FIT_START) == []
+    assert log == ["B"]
+
+
+def test_traces_record_exit_codes_and_are_kept_in_history():
+    log = []
+    engine = make_engine([StepA("A", log, exit_code=3), StepB("B", log)])
+    first = engine.run_event(Event.BATCH_START)
+    second = engine.run_event(Event.AFTER_FORWARD)
+    assert all(isinstance(t, Trace) for t in first + second)
+    assert [t.exit_code for t in first] == [3, None]
+    assert all(t.event == Event.BATCH_START and t.seconds >= 0 for t in first)
+    assert [(t.name, t.event) for t in second] == [
+        ("StepB", Event.AFTER_FORWARD),
+        ("StepA", Event.AFTER_FORWARD),
+    ]
+    assert list(engine.history) == first + second
+    assert {Event.BATCH_START, Event.AFTER_FORWARD} <= engine.fired
+
+
+def test_history_keeps_the_last_history_size_traces():
+    log = []
+    engine = make_engine(three(log), history_size=4)
+    engine.run_event(Event.BATCH_START)
+    engine.run_event(Event.BATCH_START)
+    assert len(engine.history) == 4
+    assert [t.name for t in engine.history] == ["StepC", "StepA", "StepB", "StepC"]
+
+
+def drop_first(algorithms, event):
+    return algorithms[1:]
+
+
+def last_to_front(algorithms, event):
+    return algorithms[-1:] + algorithms[:-1]
+
+
+def test_ordering_pass_changes_the_order():
+    log = []
+    engine = make_engine(three(log))
+    engine.register_pass(last_to_front)
+    traces = engine.run_event(Event.BATCH_START)
+    assert log == ["C", "A", "B"]
+    assert [t.order for t in traces] == [0, 1, 2]
+
+
+def test_ordering_passes_run_in_registration_order_and_index_zero_runs_first():
+    log = []
+    appended = make_engine(three(log))
+    appended.register_pass(drop_first)
+    appended.register_pass(last_to_front)
+    appended.run_event(Event.BATCH_START)
+    assert log == ["C", "B"]
+
+    log.clear()
+    prepended = make_engine(three(log))
+    prepended.register_pass(drop_first)
+    prepended.register_pass(last_to_front, index=0)
+    prepended.run_event(Event.BATCH_START)
+    assert log == ["A", "B"]
+
+
+def test_ordering_pass_receives_the_event_and_runs_before_the_after_reversal():
+    log, seen = [], []
+
+    def c_first(algorithms, event):
+        seen.append(event)
+        return last_to_front(algorithms, event)
+
+    engine = make_engine(three(log))
+    engine.register_pass(c_first)
+    engine.run_event(Event.AFTER_FORWARD)
+    assert seen == [Event.AFTER_FORWARD]
+    assert log == ["B", "A", "C"]
+
+
+def test_after_reversal_does_not_mutate_a_list_returned_by_a_pass():
+    log = []
+    fixed = three(log)
+    engine = make_engine(three(log))
+    engine.register_pass(lambda algorithms, event: fixed)
+    engine.run_event(Event.AFTER_FORWARD)
+    engine.run_event(Event.AFTER_FORWARD)
+    assert log == ["C", "B", "A", "C", "B", "A"]
+    assert [a.name for a in fixed] == ["A", "B", "C"]
+
+
+def test_callbacks_run_after_algorithms_and_destination_callbacks_last():
+    log = []
+    destination = DestinationListener("destination", log)
+    plain = PlainDestination(log)
+    engine = make_engine(
+        algorithms=[StepA("A", log)],
+        callbacks=[Listener("cb1", log), Listener("cb2", log)],
+        destinations=[destination, plain],
+    )
+    engine.run_event(Event.BATCH_START)
+    assert log == ["A", "cb1", "cb2", "destination", "plain"]
+    engine.run_event(Event.BATCH_END)  # nobody defines batch_end
+    assert log == ["A", "cb1", "cb2", "destination", "plain"]
+
+
+def test_an_object_that_is_callback_and_destination_runs_once():
+    log = []
+    both = DestinationListener("both", log)
+    engine = make_engine(callbacks=[both], destinations=[both])
+    engine.run_event(Event.BATCH_START)
+    assert log == ["both"]
+
+
+def test_callback_overriding_run_event_sees_every_event():
+    everything = Everything()
+    engine = make_engine(callbacks=[everything])
+    for event in (Event.INIT, Event.BATCH_START, Event.EVAL_END):
+        engine.run_event(event)
+    assert everything.events == [Event.INIT, Event.BATCH_START, Event.EVAL_END]
+
+
+def test_callbacks_added_later_are_called():
+    log = []
+    engine = make_engine(callbacks=[Listener("first", log)])
+    engine.run_event(Event.BATCH_START)
+    engine.state.callbacks.append(Listener("second", log))
+    engine.run_event(Event.BATCH_START)
+    assert log == ["first", "first", "second"]
+
+
+def test_failing_algorithm_raises_algorithm_error_naming_it_and_the_event():
+    cause = ValueError("bad shape")
+    engine = make_engine([Exploder(cause)])
+    with pytest.raises(AlgorithmError) as info:
+        engine.run_event(Event.BATCH_START)
+    message = str(info.value)
+    assert "Exploder" in message
+    assert "BATCH_START" in message
+    assert "bad shape" in message
+    assert info.value.__cause__ is cause
+
+
+def test_failing_algorithm_stops_the_event():
+    log = []
+    engine = make_engine([Exploder(RuntimeError("x")), StepB("B", log)], [Listener("cb", log)])
+    with pytest.raises(AlgorithmError):
+        engine.run_event(Event.BATCH_START)
+    assert log == []
+
+
+def test_failing_callback_raises_callback_error_naming_it_and_the_event():
+    engine = make_engine(callbacks=[FailingCallback()])
+    with pytest.raises(CallbackError) as info:
+        engine.run_event(Event.BATCH_END)
+    message = str(info.value)
+    assert "FailingCallback" in message
+    assert "BATCH_END" in message
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_failing_destination_callback_raises_callback_error():
+    class BrokenDestination(Callback, LoggerDestination):
+        def fit_start(self, state, logger):
+            raise OSError("disk full")
+
+    engine = make_engine(destinations=[BrokenDestination()])
+    with pytest.raises(
+        CallbackError, match=r"BrokenDestination failed at event FIT_START.*disk full"
+    ):
+        engine.run_event(Event.FIT_START)
+
+
+def test_out_of_memory_from_an_algorithm_keeps_its_type_with_a_note():
+    oom = torch.OutOfMemoryError("CUDA out of memory")
+    engine = make_engine([Exploder(oom)])
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        engine.run_event(Event.BATCH_START)
+    assert info.value is oom
+    assert not isinstance(info.value, AlgorithmError)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "Exploder" in notes and "BATCH_START" in notes
+
+
+def test_out_of_memory_from_a_callback_keeps_its_type():
+    class Hungry(Callback):
+        def batch_end(self, state, logger):
+            raise torch.OutOfMemoryError("out of memory")
+
+    engine = make_engine(callbacks=[Hungry()])
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        engine.run_event(Event.BATCH_END)
+    assert "Hungry" in "\n".join(info.value.__notes__)
+
+
+def test_close_closes_each_callback_and_destination_once():
+    log = []
+    callback = Listener("cb", log)
+    both = DestinationListener("both", log)
+    plain = PlainDestination(log)
+    engine = make_engine(callbacks=[callback, callback, both], destinations=[both, plain])
+    engine.close()
+    assert (callback.closed, both.closed, plain.closed) == (1, 1, 1)
+
+
+def test_duck_typed_callback_without_base_class_is_called():
+    calls = []
+
+    class Duck:
+        def batch_end(self, state, logger):
+            calls.append(state.timestamp.batch)
+
+    engine = make_engine(callbacks=[Duck()])
+    engine.run_event(Event.BATCH_END)
+    engine.run_event(Event.BATCH_START)
+    assert calls == [0]

@@ -1,0 +1,123 @@
+"""Entry-point discovery: listing imports nothing, `load` imports one (cached), clear errors."""
+
+import sys
+from importlib import metadata
+
+import pytest
+
+from trainkit.core import plugins
+
+
+class FakeEntryPoint:
+    """Quacks like `importlib.metadata.EntryPoint` and counts its loads."""
+
+    def __init__(self, name, value, target=None, fail=False):
+        self.name, self.value, self.dist = name, value, None
+        self.target, self.fail, self.loads = target, fail, 0
+
+    def load(self):
+        self.loads += 1
+        if self.fail:
+            raise AssertionError(f"entry point {self.name} must not be imported")
+        return self.target
+
+
+@pytest.fixture
+def fake_group(monkeypatch):
+    """Registers ``trainkit.test-fake`` with three entry points, on top of the real ones."""
+    group = "trainkit.test-fake"
+    points = [
+        FakeEntryPoint("zeta", "fake_pkg:Zeta", target=object()),
+        FakeEntryPoint("alpha", "fake_pkg:Alpha", target=object()),
+        FakeEntryPoint("broken", "fake_pkg:Broken", fail=True),
+    ]
+    real = metadata.entry_points
+
+    def entry_points(**params):
+        if params.get("group") == group:
+            return list(points)
+        return real(**params)
+
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
+    plugins.load.cache_clear()
+    yield group, {p.name: p for p in points}
+    plugins.load.cache_clear()
+
+
+def test_available_lists_the_registered_loggers_without_importing_them(monkeypatch):
+    for name in [
+        m for m in sys.modules if m == "trainkit.loggers" or m.startswith("trainkit.loggers.")
+    ]:
+        monkeypatch.delitem(sys.modules, name)
+    names = plugins.available("trainkit.loggers")
+    assert "progress" in names
+    assert names == sorted(names)
+    info = plugins.describe("trainkit.loggers")
+    assert "progress" in [i.name for i in info]
+    assert not [m for m in sys.modules if m.startswith("trainkit.loggers")]
+
+
+def test_available_sorts_and_never_loads(fake_group):
+    group, points = fake_group
+    assert plugins.available(group) == ["alpha", "broken", "zeta"]
+    assert [i.name for i in plugins.describe(group)] == ["alpha", "broken", "zeta"]
+    assert all(p.loads == 0 for p in points.values())
+
+
+def test_available_of_an_unknown_group_is_empty():
+    assert plugins.available("trainkit.no-such-group") == []
+    assert plugins.describe("trainkit.no-such-group") == []
+
+
+def test_describe_gives_the_distribution():
+    (info,) = [i for i in plugins.describe("trainkit.loggers") if i.name == "progress"]
+    assert info == plugins.PluginInfo(
+        group="trainkit.loggers",
+        name="progress",
+        value="trainkit.loggers:ProgressBar",
+        distribution="trainkit-loggers",
+    )
+
+
+def test_load_returns_the_registered_object():
+    from trainkit.loggers import ProgressBar
+
+    assert plugins.load("trainkit.loggers", "progress") is ProgressBar
+
+
+def test_load_is_cached_and_imports_only_that_entry_point(fake_group):
+    group, points = fake_group
+    first = plugins.load(group, "alpha")
+    second = plugins.load(group, "alpha")
+    assert first is points["alpha"].target
+    assert second is first
+    assert points["alpha"].loads == 1
+    assert points["zeta"].loads == 0
+    assert points["broken"].loads == 0
+
+
+def test_unknown_name_raises_lookup_error_listing_the_available_ones(fake_group):
+    group, _ = fake_group
+    with pytest.raises(LookupError) as info:
+        plugins.load(group, "beta")
+    message = str(info.value)
+    assert "'beta'" in message and group in message
+    assert "alpha, broken, zeta" in message
+    with pytest.raises(LookupError, match=r"available: .*progress"):
+        plugins.load("trainkit.loggers", "wandb-typo")
+
+
+def test_unknown_group_says_none_installed():
+    with pytest.raises(LookupError, match="none installed"):
+        plugins.load("trainkit.no-such-group", "anything")
+
+
+def test_groups_are_the_documented_ones():
+    assert set(plugins.GROUPS) == {
+        "trainkit.algorithms",
+        "trainkit.callbacks",
+        "trainkit.loggers",
+        "trainkit.parallel",
+        "trainkit.storage",
+        "trainkit.commands",
+    }
