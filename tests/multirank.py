@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import socket
 import time
@@ -56,10 +57,12 @@ def _child(
             if dist.is_initialized():
                 dist.destroy_process_group()
         finally:
+            # Plain pickle: torch's multiprocessing pickler would share tensors through file
+            # descriptors that die with this process.
             try:
-                conn.send((status, payload))
+                conn.send_bytes(pickle.dumps((status, payload)))
             except Exception as err:  # unpicklable result
-                conn.send(("error", f"could not send the result back: {err!r}"))
+                conn.send_bytes(pickle.dumps(("error", f"could not send the result back: {err!r}")))
             conn.close()
             os._exit(0)  # skip pytest's atexit handlers inherited through fork
 
@@ -90,7 +93,7 @@ def run_ranks(
                 errors.append(f"rank {rank}: no result within {timeout:.0f} s (hung or crashed)")
                 continue
             try:
-                status, payload = receiver.recv()
+                status, payload = pickle.loads(receiver.recv_bytes())
             except EOFError:
                 errors.append(f"rank {rank}: exited without a result")
                 continue

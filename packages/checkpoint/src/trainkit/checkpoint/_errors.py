@@ -1,0 +1,11 @@
+"""Errors raised by trainkit.checkpoint."""
+
+__all__ = ["CheckpointError", "UnsafeCheckpointError"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupted, or does not fit the run."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file carries something that would run code when loaded; nothing was run."""

@@ -1,0 +1,59 @@
+"""Runs shared by the checkpoint tests: a small classifier trained with a Checkpointer."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+
+import torch
+
+from toy import blobs, loader, mlp
+from trainkit.checkpoint import Checkpointer
+from trainkit.core import Callback, Trainer
+
+
+class KillAt(Callback):
+    """SIGKILLs the process at the end of batch ``batch``: no cleanup of any kind runs."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+
+    def batch_checkpoint(self, state, logger):
+        if state.timestamp.batch == self.batch:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def trainer(
+    folder=None, *, callbacks=(), model=None, max_duration="3ep", **checkpointer
+) -> Trainer:
+    model = model or mlp(dropout=0.2)
+    extra = [Checkpointer(folder, **checkpointer)] if folder is not None else []
+    return Trainer(
+        model=model,
+        train_dataloader=loader(blobs(128)),
+        optimizers=torch.optim.AdamW(model.parameters(), lr=0.01),
+        max_duration=max_duration,
+        callbacks=[*extra, *callbacks],
+        device_train_microbatch_size=8,
+        progress_bar=False,
+        device="cpu",
+        seed=11,
+    )
+
+
+def in_child(fn, *args) -> int:
+    """Run ``fn(*args)`` in a forked process; return its exit code (-9 when SIGKILLed)."""
+
+    def target():
+        torch.set_num_threads(1)
+        fn(*args)
+
+    proc = mp.get_context("fork").Process(target=target)
+    proc.start()
+    proc.join(120)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        raise AssertionError("child run did not finish within 120 s")
+    return proc.exitcode
