@@ -1,3 +1,5 @@
-"""trainkit.cli."""
+"""trainkit.cli: the ``trainkit`` command."""
 
-__all__: list[str] = []
+from trainkit.cli._main import main
+
+__all__ = ["main"]

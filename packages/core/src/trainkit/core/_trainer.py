@@ -148,6 +148,8 @@ class Trainer:
         self.engine.run_event(Event.BEFORE_LOAD)
         self.engine.run_event(Event.AFTER_LOAD)
         self._last_eval_batch = -1
+        self.last_eval: dict[str, Any] = {}
+        """Metrics of the most recent evaluation (during fit or by `eval`)."""
 
     # --- training --------------------------------------------------------------------------
 
@@ -248,7 +250,7 @@ class Trainer:
             and self._eval_trigger(state, event)
         ):
             self._last_eval_batch = state.timestamp.batch
-            evaluate(state, self.engine)
+            self.last_eval = evaluate(state, self.engine)
 
     # --- evaluation and prediction ---------------------------------------------------------
 
@@ -265,7 +267,8 @@ class Trainer:
             raise ValueError(
                 "nothing to evaluate on: pass eval_dataloader to Trainer(...) or to eval(...)"
             )
-        return evaluate(state, self.engine, evaluators)
+        self.last_eval = evaluate(state, self.engine, evaluators)
+        return self.last_eval
 
     def predict(self, dataloader: Any, *, return_outputs: bool = True) -> list[Any]:
         """Run ``eval_forward`` over ``dataloader``; returns the outputs (moved to CPU)."""

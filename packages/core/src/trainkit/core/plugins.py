@@ -1,7 +1,8 @@
 """Entry-point discovery. Listing names imports nothing; `load` imports one entry point.
 
 Groups: ``trainkit.algorithms``, ``trainkit.callbacks``, ``trainkit.loggers``,
-``trainkit.parallel``, ``trainkit.storage``, ``trainkit.commands``. Third-party packages
+``trainkit.parallel``, ``trainkit.storage``, ``trainkit.commands``, and for configs
+``trainkit.models`` / ``trainkit.data`` (factories by name). Third-party packages
 register in the same groups as trainkit's own packages::
 
     [project.entry-points."trainkit.algorithms"]
@@ -23,6 +24,8 @@ GROUPS = (
     "trainkit.parallel",
     "trainkit.storage",
     "trainkit.commands",
+    "trainkit.models",
+    "trainkit.data",
 )
 
 

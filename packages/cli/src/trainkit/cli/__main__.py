@@ -1,0 +1,5 @@
+import sys
+
+from trainkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""``trainkit train``: build a run from a config (or the embedded default) and train it.
+
+Run directory layout (stable)::
+
+    <run_dir>/config.yaml      the resolved config of the run
+    <run_dir>/metrics.jsonl    every logged value, one JSON object per line (trainkit-loggers)
+    <run_dir>/checkpoints/     one folder per checkpoint, plus `latest` (trainkit-checkpoint)
+    <run_dir>/*.png            loss, learning-rate and throughput curves (trainkit-loggers[plot])
+    <run_dir>/sample.txt       text generated at the end (the default language model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import yaml
+
+from trainkit.cli._build import build_components
+from trainkit.cli._config import load_config
+from trainkit.cli._env import init_distributed_from_env
+from trainkit.core import Trainer, dist, plugins
+
+__all__ = ["DEFAULT_CONFIG", "add_parser", "run"]
+
+DEFAULT_CONFIG = """\
+# The embedded default: a byte-level GPT-2 learning to write Python from the standard library.
+model: {name: tiny_gpt2, n_layer: 2, n_head: 4, n_embd: 128, n_positions: 128}
+data: {name: stdlib_text, seq_len: 128, batch_size: 16}
+optimizer: {name: AdamW, lr: 0.002, weight_decay: 0.01}
+schedulers:
+  - {name: cosine_with_warmup, t_warmup: 0.05dur, alpha_f: 0.1}
+checkpoint: {interval: 200ba, keep: 2, autoresume: true}
+trainer: {max_duration: 1000ba, eval_interval: 200ba, seed: 42}
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train from a config, or the embedded default with none",
+        description="Train a model from CONFIG (YAML), or with no CONFIG the embedded default: a "
+        "small GPT-2 on the Python standard library's source. Re-running resumes.",
+    )
+    parser.add_argument("config", nargs="?", type=Path, help="a YAML config (default: embedded)")
+    parser.add_argument("--max-duration", help="override trainer.max_duration, e.g. 2ep, 500ba")
+    parser.add_argument("--run-dir", type=Path, help="where the run writes (default: runs/<name>)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. trainer.precision=amp_bf16 (repeatable)",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    overrides = list(args.set) + (
+        [f"trainer.max_duration={args.max_duration}"] if args.max_duration else []
+    )
+    base = yaml.safe_load(DEFAULT_CONFIG) if args.config is None else None
+    config = load_config(args.config, overrides, base=base)
+    if args.print_config:
+        print(yaml.safe_dump(config.model_dump(exclude_none=True), sort_keys=False), end="")
+        return 0
+    init_distributed_from_env()
+    name = config.run_name or (args.config.stem if args.config else "default")
+    run_dir = args.run_dir or Path("runs") / name
+    if dist.get_rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(
+            yaml.safe_dump(config.model_dump(exclude_none=True), sort_keys=False)
+        )
+    trainer = Trainer(**build_components(config, run_dir))
+    _say_where(trainer, run_dir)
+    first_step = _time_first_step(trainer, started)
+    trainer.fit()
+    # fit() ends with an evaluation; a run resumed after it finished has none yet.
+    results = trainer.last_eval or (trainer.eval() if trainer.state.evaluators else {})
+    if dist.get_rank() == 0:
+        _finish(trainer, run_dir, results, config.model.name, first_step)
+    trainer.close()
+    return 0
+
+
+def _say_where(trainer: Trainer, run_dir: Path) -> None:
+    if dist.get_rank() != 0:
+        return
+    resumed = next(
+        (c.loaded_from for c in trainer.state.callbacks if getattr(c, "loaded_from", None)), None
+    )
+    if resumed is not None:
+        print(f"resuming from {resumed} at batch {trainer.state.timestamp.batch}", flush=True)
+    elif "checkpointer" not in plugins.available("trainkit.callbacks"):
+        print(
+            "note: trainkit-checkpoint is not installed, so this run will not be resumable",
+            flush=True,
+        )
+    print(f"run directory: {run_dir}", flush=True)
+
+
+def _time_first_step(trainer: Trainer, started: float) -> list[float]:
+    seen: list[float] = []
+
+    class FirstStep:
+        def batch_start(self, state, logger):
+            if not seen:
+                seen.append(time.perf_counter() - started)
+
+    trainer.state.callbacks.append(FirstStep())
+    return seen
+
+
+def _finish(
+    trainer: Trainer, run_dir: Path, results: dict, model_name: str, first_step: list[float]
+) -> None:
+    summary = "  ".join(f"{k}: {float(v):.4f}" for k, v in results.items())
+    if first_step:
+        print(f"first training step {first_step[0]:.1f} s after start", flush=True)
+    print(f"final evaluation: {summary or 'no eval data'}", flush=True)
+    if "plot" in plugins.available("trainkit.commands") and (run_dir / "metrics.jsonl").exists():
+        try:
+            plugins.load("trainkit.commands", "plot")([str(run_dir)])
+        except Exception as err:  # a missing plotting extra must not fail a finished run
+            print(f"no plots: {err}", flush=True)
+    if model_name == "tiny_gpt2":
+        from trainkit.cli._default import generate
+
+        sample = generate(trainer.state.parallelism.unwrap(trainer.state.model))
+        (run_dir / "sample.txt").write_text(sample)
+        print("sample:\n" + sample, flush=True)
