@@ -140,3 +140,29 @@ def test_import_trainkit_core_does_not_import_transformers():
     code = "import trainkit.core, sys; assert 'transformers' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_gradient_accumulation_with_padding_matches_the_full_batch():
+    # Rows 2-3 are mostly padding: weighting microbatches by samples would overweight
+    # their few tokens; the token-mean loss needs weights by label tokens.
+    batch = _batches(1, batch_size=4, seq_len=8)[0]
+    batch["labels"][2:, 2:] = -100
+    batch["attention_mask"][2:, 2:] = 0
+    results = []
+    for size in (None, 2):
+        model = _gpt2(seed=3)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0  # both runs must compute the same function
+        trainer = Trainer(
+            model=model,
+            train_dataloader=[batch],
+            optimizers=torch.optim.SGD(model.parameters(), lr=1.0),
+            max_duration="1ba",
+            device="cpu",
+            progress_bar=False,
+            device_train_microbatch_size=size,
+        )
+        trainer.fit()
+        results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)

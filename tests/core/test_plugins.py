@@ -120,4 +120,6 @@ def test_groups_are_the_documented_ones():
         "trainkit.parallel",
         "trainkit.storage",
         "trainkit.commands",
+        "trainkit.models",
+        "trainkit.data",
     }

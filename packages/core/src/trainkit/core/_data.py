@@ -13,16 +13,22 @@ from torch.utils.data import DataLoader, IterableDataset
 __all__ = ["DataSpec", "ResumableBatchSampler", "default_split_batch", "to_device"]
 
 Batch = Any
+_UNKNOWN = object()
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
     """Move every tensor in a (nested) tuple / list / dict batch to ``device``."""
+    # Concrete types first: isinstance against the Mapping ABC is slow, and this runs per step.
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: to_device(v, device) for k, v in batch.items()})
+    if type(batch) in (tuple, list):
+        return type(batch)([to_device(v, device) for v in batch])
+    if type(batch) is dict:
+        return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_device(v, device) for k, v in batch.items()})
     if isinstance(batch, list | tuple):
         return type(batch)(to_device(v, device) for v in batch)
     if hasattr(batch, "to") and callable(batch.to):  # e.g. transformers' BatchEncoding
@@ -33,6 +39,8 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
 def _first_tensor(batch: Batch) -> torch.Tensor | None:
     if isinstance(batch, torch.Tensor):
         return batch
+    if type(batch) in (tuple, list) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0]  # the common (inputs, targets) batch, without the general walk
     values = batch.values() if isinstance(batch, Mapping) else batch
     if isinstance(values, Iterable) and not isinstance(values, str | bytes):
         for value in values:
@@ -54,6 +62,8 @@ def default_num_samples(batch: Batch) -> int:
 
 def default_num_tokens(batch: Batch) -> int:
     """Tokens in a dict batch with ``input_ids`` (non-padding when an attention mask is present)."""
+    if type(batch) in (tuple, list) or isinstance(batch, torch.Tensor):
+        return 0
     if isinstance(batch, Mapping) and "input_ids" in batch:
         mask = batch.get("attention_mask")
         return int(mask.sum()) if isinstance(mask, torch.Tensor) else batch["input_ids"].numel()
@@ -177,6 +187,7 @@ class DataSpec:
         self._resumable: ResumableBatchSampler | None = None
         self._loader: Iterable[Batch] = dataloader
         self._warned_replay = False
+        self._length: int | object | None = _UNKNOWN
 
     def __len__(self) -> int:
         """Batches per epoch. Raises `TypeError` when the iterable has no length."""
@@ -184,10 +195,13 @@ class DataSpec:
 
     @property
     def length(self) -> int | None:
-        try:
-            return len(self)
-        except TypeError:
-            return None
+        """Batches per epoch, or None; read once per epoch (the loop asks every step)."""
+        if self._length is _UNKNOWN:
+            try:
+                self._length = len(self)
+            except TypeError:
+                self._length = None
+        return self._length  # type: ignore[return-value]
 
     def make_resumable(self, seed: int) -> None:
         """Fix the shuffle order by (seed, epoch) so a run can resume at any batch.
@@ -202,6 +216,7 @@ class DataSpec:
 
     def iter_epoch(self, epoch: int, batches_done: int = 0) -> Iterator[Batch]:
         """Iterate epoch ``epoch`` starting after its first ``batches_done`` batches."""
+        self._length = _UNKNOWN  # the data may have changed between epochs
         if self._resumable is not None:
             self._resumable.set_position(epoch, batches_done)
             return iter(self._loader)

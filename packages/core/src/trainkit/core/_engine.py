@@ -41,6 +41,9 @@ class CallbackError(RuntimeError):
     """A callback or logger destination raised; the message names it and the event."""
 
 
+_NO_TRACES: list[Trace] = []
+
+
 def _name(obj: object) -> str:
     return type(obj).__name__
 
@@ -69,7 +72,7 @@ class Engine:
         self.passes: list[OrderingPass] = []
         self.history: collections.deque[Trace] = collections.deque(maxlen=history_size)
         self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
-        self._listeners_key: tuple[int, ...] = ()
+        self._listeners_key: tuple[int, ...] = ()  # changes when callbacks are added or removed
         self.fired: set[Event] = set()
 
     def register_pass(self, ordering_pass: OrderingPass, index: int = -1) -> None:
@@ -80,9 +83,13 @@ class Engine:
             self.passes.insert(index, ordering_pass)
 
     def run_event(self, event: Event | str) -> list[Trace]:
-        event = Event(event)
+        if event.__class__ is not Event:
+            event = Event(event)
         self.fired.add(event)
-        traces = self._run_algorithms(event) if self.state.algorithms else []
+        state = self.state
+        traces = self._run_algorithms(event) if state.algorithms else _NO_TRACES
+        if not state.callbacks and not self.logger.destinations:
+            return traces
         for listener, handler in self._listeners_for(event):
             try:
                 handler(self.state, self.logger)
@@ -112,7 +119,8 @@ class Engine:
     def _listeners_for(self, event: Event) -> Sequence[tuple[object, Callable[..., None]]]:
         # Callbacks and destinations that only inherit no-ops are skipped; the lists are
         # rebuilt only when the registered objects change, not per event.
-        key = tuple(map(id, self.state.callbacks)) + tuple(map(id, self.logger.destinations))
+        callbacks, destinations = self.state.callbacks, self.logger.destinations
+        key = (id(callbacks), len(callbacks), id(destinations), len(destinations))
         if key != self._listeners_key:
             self._listeners_key = key
             self._listeners = {}

@@ -95,6 +95,13 @@ class HuggingFaceModel(TrainModel):
             logits, labels = logits[..., :-1, :], labels[..., 1:]
         metric.update(logits, labels)
 
+    def loss_weight(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Label tokens that count in the loss: the model's loss is a mean over them."""
+        labels = batch["labels"]
+        if self.shift_labels:
+            labels = labels[..., 1:]
+        return (labels != -100).sum()
+
     def flops_per_batch(self, batch: Mapping[str, Any]) -> float:
         """6 * parameters * tokens: forward and backward of a dense transformer."""
         params = sum(p.numel() for p in self.model.parameters())

@@ -24,6 +24,10 @@ class TrainModel(nn.Module):
     defaults: ``eval_forward`` runs ``forward``; there are no metrics unless
     ``get_metrics`` returns some; ``update_metric`` calls ``metric.update(outputs, targets)``
     with the batch's second element. Metrics follow the torchmetrics interface.
+
+    A model whose loss is a mean over something other than samples (tokens, pixels) may
+    define ``loss_weight(batch)``: how many items of that kind a batch holds. Gradient
+    accumulation then weights microbatches by it, so the result equals the full batch.
     """
 
     def forward(self, batch: Any) -> Any:

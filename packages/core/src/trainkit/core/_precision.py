@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from enum import StrEnum
 
 import torch
@@ -70,12 +69,12 @@ def resolve_device(device: Device | str | torch.device | None, local_rank: int =
     return torch.device(kind.value)
 
 
-@contextlib.contextmanager
-def autocast(precision: Precision, device: torch.device) -> Iterator[None]:
-    """Autocast for ``precision`` on ``device``; a no-op for fp32."""
+def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Autocast for ``precision`` on ``device``; a no-op context for fp32."""
     if precision == Precision.FP32:
-        yield
-        return
+        return _NO_AUTOCAST
     dtype = torch.float16 if precision == Precision.AMP_FP16 else torch.bfloat16
-    with torch.autocast(device_type=device.type, dtype=dtype):
-        yield
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+_NO_AUTOCAST = contextlib.nullcontext()

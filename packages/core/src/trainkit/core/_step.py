@@ -35,24 +35,24 @@ __all__ = [
 def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     """Forward and backward over ``state.batch`` in microbatches; returns the batch loss.
 
-    Each microbatch's loss is weighted by its share of the batch's samples, so the
-    accumulated gradient equals the gradient of the whole batch's mean loss. Gradient
-    synchronisation is skipped (``parallelism.no_sync``) for all but the last microbatch.
+    Each microbatch's loss is weighted by its share of the batch, so the accumulated
+    gradient equals the gradient of the whole batch's mean loss. The share is counted by
+    the model's ``loss_weight(batch)`` when it has one (label tokens, for token-mean
+    losses), else in samples. Gradient synchronisation is skipped
+    (``parallelism.no_sync``) for all but the last microbatch.
     """
     batch, data = state.batch, state.train_data
     assert data is not None, "run_microbatches needs state.train_data"
-    size = state.device_train_microbatch_size
-    samples = data.get_num_samples_in_batch(batch)
-    microbatches = data.split_batch(batch, size) if size and size < samples else [batch]
     model = state.model
     unwrapped = state.parallelism.unwrap(model)
+    microbatches = _split(state, batch)
+    weights = _loss_weights(unwrapped, data, microbatches)
     engine.run_event(Event.BEFORE_TRAIN_BATCH)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=state.device)
+    total: torch.Tensor | None = None
     last = len(microbatches) - 1
-    for index, microbatch in enumerate(microbatches):
-        weight = data.get_num_samples_in_batch(microbatch) / samples
+    for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
         sync = contextlib.nullcontext() if index == last else state.parallelism.no_sync(model)
         with sync:
             state.batch = microbatch
@@ -66,14 +66,33 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
                 state.loss = unwrapped.loss(state.outputs, state.batch)
             engine.run_event(Event.AFTER_LOSS)
             engine.run_event(Event.BEFORE_BACKWARD)
-            scaled = state.loss * weight
+            scaled = state.loss if weight is None else state.loss * weight
             (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
             engine.run_event(Event.AFTER_BACKWARD)
-        total += scaled.detach()
+        total = scaled.detach() if total is None else total + scaled.detach()
     state.batch = batch
     state.total_loss = total
     engine.run_event(Event.AFTER_TRAIN_BATCH)
+    assert total is not None
     return total
+
+
+def _split(state: State, batch: Any) -> list[Any]:
+    size, data = state.device_train_microbatch_size, state.train_data
+    assert data is not None
+    if not size or size >= data.get_num_samples_in_batch(batch):
+        return [batch]
+    return list(data.split_batch(batch, size))
+
+
+def _loss_weights(model: nn.Module, data: Any, microbatches: list[Any]) -> list[Any]:
+    # One microbatch: the loss is used as it is (no extra node in the graph).
+    if len(microbatches) == 1:
+        return [None]
+    measure = getattr(model, "loss_weight", None) or data.get_num_samples_in_batch
+    counts = [measure(microbatch) for microbatch in microbatches]
+    total = sum(counts)
+    return [count / total for count in counts]
 
 
 def _update_train_metrics(state: State, unwrapped: nn.Module) -> None:

@@ -131,29 +131,33 @@ class Timestamp:
 
     def get(self, unit: TimeUnit | str) -> int | float:
         """The count in ``unit`` (epochs, batches, samples, tokens or seconds)."""
-        unit = TimeUnit(unit)
+        if unit == TimeUnit.BATCH:
+            return self.batch
+        if unit == TimeUnit.EPOCH:
+            return self.epoch
+        if unit == TimeUnit.SAMPLE:
+            return self.sample
+        if unit == TimeUnit.TOKEN:
+            return self.token
+        if unit == TimeUnit.SECOND:
+            return self.total_wct
         if unit == TimeUnit.DURATION:
             raise ValueError("a Timestamp has no 'dur' count; use State.elapsed_fraction()")
-        return {
-            TimeUnit.EPOCH: self.epoch,
-            TimeUnit.BATCH: self.batch,
-            TimeUnit.SAMPLE: self.sample,
-            TimeUnit.TOKEN: self.token,
-            TimeUnit.SECOND: self.total_wct,
-        }[unit]
+        raise ValueError(f"unknown time unit {unit!r}; use one of {[u.value for u in TimeUnit]}")
 
     def to_next_batch(self, samples: int, tokens: int = 0, duration: float = 0.0) -> Timestamp:
-        return dataclasses.replace(
-            self,
-            batch=self.batch + 1,
-            sample=self.sample + samples,
-            token=self.token + tokens,
-            batch_in_epoch=self.batch_in_epoch + 1,
-            sample_in_epoch=self.sample_in_epoch + samples,
-            token_in_epoch=self.token_in_epoch + tokens,
-            total_wct=self.total_wct + duration,
-            epoch_wct=self.epoch_wct + duration,
-            batch_wct=duration,
+        # Built directly rather than with dataclasses.replace: this runs every step.
+        return Timestamp(
+            self.epoch,
+            self.batch + 1,
+            self.sample + samples,
+            self.token + tokens,
+            self.batch_in_epoch + 1,
+            self.sample_in_epoch + samples,
+            self.token_in_epoch + tokens,
+            self.total_wct + duration,
+            self.epoch_wct + duration,
+            duration,
         )
 
     def to_next_epoch(self) -> Timestamp:

@@ -171,6 +171,7 @@ class Trainer:
                 "no duration: pass max_duration to Trainer(...) or duration to fit(...)"
             )
         setup.refresh_schedules(state)
+        self._world_size = state.world_size
         state._stop_requested = False
         state.model.train()
         self.engine.run_event(Event.FIT_START)
@@ -227,7 +228,7 @@ class Trainer:
         state, engine, data = self.state, self.engine, self.state.train_data
         assert data is not None
         start = time.perf_counter()
-        world = state.world_size
+        world = self._world_size
         samples, tokens = data.get_num_samples_in_batch(batch), data.get_num_tokens_in_batch(batch)
         state.batch = data.device_transfer(batch, state.device)
         engine.run_event(Event.BATCH_START)
