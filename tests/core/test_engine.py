@@ -348,3 +348,19 @@ def test_duck_typed_callback_without_base_class_is_called():
     engine.run_event(Event.BATCH_END)
     engine.run_event(Event.BATCH_START)
     assert calls == [0]
+
+
+def test_passes_declared_by_algorithms_are_registered_once():
+    log = []
+
+    def last_first(algorithms, event):
+        return sorted(algorithms, key=lambda a: a.name != "B")
+
+    class First(StepA):
+        ordering_passes = (last_first,)
+
+    engine = make_engine(algorithms=[First("A", log), First("B", log)])
+    engine.run_event(Event.BATCH_START)
+    engine.run_event(Event.BATCH_START)
+    assert log == ["B", "A", "B", "A"]
+    assert engine.passes == [last_first]

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(config.model_dump(exclude_none=True), sort_keys=False), end="")
         return 0
-    init_distributed_from_env()
+    init_distributed_from_env(single_process_group=config.parallelism is not None)
     name = config.run_name or (args.config.stem if args.config else "default")
     run_dir = args.run_dir or Path("runs") / name
     if dist.get_rank() == 0:

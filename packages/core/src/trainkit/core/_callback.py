@@ -19,8 +19,10 @@ class Algorithm(Protocol):
 
     ``match`` is asked at every event; ``apply`` runs when it says yes. Optional members
     (looked up with ``getattr``): ``state_dict()`` / ``load_state_dict(sd)`` for state that
-    must survive a resume, and ``required_on_load`` (class attribute, default False) for
-    methods that change the model and must be re-applied before loading a checkpoint.
+    must survive a resume, ``required_on_load`` (class attribute, default False) for
+    methods that change the model and must be re-applied before loading a checkpoint, and
+    ``ordering_passes`` (class attribute): `OrderingPass` functions the engine registers
+    once, for composition rules such as "run me first".
     """
 
     def match(self, event: Event, state: State) -> bool: ...

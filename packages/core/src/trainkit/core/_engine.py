@@ -74,6 +74,7 @@ class Engine:
         self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
         self._listeners_key: tuple[int, ...] = ()  # changes when callbacks are added or removed
         self.fired: set[Event] = set()
+        self._passes_key: tuple[int, int] = (0, 0)
 
     def register_pass(self, ordering_pass: OrderingPass, index: int = -1) -> None:
         """Add an ordering pass; ``index=-1`` appends, ``0`` runs it first."""
@@ -99,6 +100,7 @@ class Engine:
 
     def _run_algorithms(self, event: Event) -> list[Trace]:
         state, logger = self.state, self.logger
+        self._adopt_declared_passes()
         matched = [a for a in state.algorithms if a.match(event, state)]
         for ordering_pass in self.passes:
             matched = ordering_pass(matched, event)
@@ -115,6 +117,19 @@ class Engine:
             traces.append(trace)
             self.history.append(trace)
         return traces
+
+    def _adopt_declared_passes(self) -> None:
+        # Algorithms may carry the ordering rules they need (``ordering_passes``, a class
+        # attribute): registered once each, so composition rules travel with the methods.
+        algorithms = self.state.algorithms
+        key = (id(algorithms), len(algorithms))
+        if key == self._passes_key:
+            return
+        self._passes_key = key
+        for algorithm in algorithms:
+            for ordering_pass in getattr(algorithm, "ordering_passes", ()):
+                if ordering_pass not in self.passes:
+                    self.register_pass(ordering_pass)
 
     def _listeners_for(self, event: Event) -> Sequence[tuple[object, Callable[..., None]]]:
         # Callbacks and destinations that only inherit no-ops are skipped; the lists are

@@ -22,6 +22,10 @@ class ParallelStrategy(Protocol):
     ``state.device``); the Trainer then re-binds the optimizers to the new parameters by
     name. ``no_sync`` skips gradient synchronisation for all microbatches but the last.
     ``unwrap`` returns the user's module from whatever ``prepare`` made of it.
+
+    Optional members: ``data_parallel_size`` (how many ranks read distinct data, when
+    not all of them do, e.g. under tensor parallel; samples and tokens are counted with
+    it) and ``reset(model)`` (called after an out-of-memory error, before the retry).
     """
 
     def prepare(self, state: State) -> None: ...

@@ -131,6 +131,9 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
 
 def _clear_after_oom(state: State, batch: Any) -> None:
     state.batch, state.outputs, state.loss, state.total_loss = batch, None, None, None
+    reset = getattr(state.parallelism, "reset", None)
+    if reset is not None:  # e.g. FSDP2's reset_iter_state() after a failed forward/backward
+        reset(state.model)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
     if state.scaler is not None:

@@ -171,7 +171,11 @@ class Trainer:
                 "no duration: pass max_duration to Trainer(...) or duration to fit(...)"
             )
         setup.refresh_schedules(state)
-        self._world_size = state.world_size
+        # Ranks that share data (tensor parallel) count it once: the strategy says how many
+        # distinct data streams there are.
+        self._world_size = (
+            getattr(state.parallelism, "data_parallel_size", None) or state.world_size
+        )
         state._stop_requested = False
         state.model.train()
         self.engine.run_event(Event.FIT_START)

@@ -1,0 +1,257 @@
+"""`FSDP`: shard parameters, gradients and optimizer state (FSDP2, ``fully_shard``).
+
+`FSDP.prepare` applies the parallelisms in a fixed order, torchtitan's:
+
+1. tensor parallel (``tensor_parallel``) on the mesh's ``"tensor"`` dim,
+2. activation checkpointing (``activation_checkpointing``),
+3. ``torch.compile`` of each block (``compile``),
+4. ``fully_shard`` of each block, then of the whole model, on the data-parallel dims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+
+from trainkit.core import Precision, State
+from trainkit.parallel._common import (
+    ModuleSelector,
+    broadcast_module_states,
+    check_not_wrapped,
+    require_process_group,
+    sharded_grad_scaler,
+)
+from trainkit.parallel._mesh import ParallelDims
+from trainkit.parallel._tensor_parallel import TensorParallel, apply_tensor_parallel
+from trainkit.parallel._wrap import apply_activation_checkpointing, apply_compile, find_blocks
+
+__all__ = ["FSDP", "mixed_precision_policy"]
+
+_SHARDING = ("full", "grad_op", "hybrid", "none")
+_MIXED_PRECISION = ("default", "pure", "full")
+_LOW_PRECISION = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
+
+
+@dataclass(kw_only=True)
+class FSDP:
+    """Fully sharded data parallel on FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+    Each block (see ``wrap``) becomes one group of parameters, gathered just before it runs
+    and freed after; gradients are reduce-scattered so each rank keeps the optimizer state
+    of its shard only. Parameter names do not change, so optimizers built on the model
+    before the Trainer are re-bound to the sharded parameters by name.
+    """
+
+    sharding: str = "full"
+    """``"full"`` (ZeRO-3: parameters resharded after forward), ``"grad_op"`` (ZeRO-2-like:
+    parameters kept gathered from forward to backward), ``"hybrid"`` (shard within groups of
+    ``shard_degree`` ranks, replicate across ``replicate_degree`` groups) or ``"none"``
+    (replicate everything, like DDP)."""
+    mixed_precision: str | MixedPrecisionPolicy = "default"
+    """``"default"``: compute in the Trainer's precision (bf16 for ``amp_bf16``), reduce
+    gradients in fp32; ``"pure"``: compute and reduce in the Trainer's precision;
+    ``"full"``: fp32 throughout; or a `MixedPrecisionPolicy`. With ``precision="fp32"``
+    all three are fp32."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in CPU memory (the optimizer
+    step runs on CPU)."""
+    activation_checkpointing: bool | ModuleSelector = False
+    """Recompute activations in backward: True for every block, module classes, or a
+    predicate ``module -> bool``."""
+    wrap: ModuleSelector | str | None = "auto"
+    """Which modules get their own group: ``"auto"`` (each repeated block of a ModuleList,
+    e.g. a transformer's layers), module classes, a predicate, or None (one group)."""
+    reshard_after_forward: bool | int | None = None
+    """Override the sharding's choice: True, False, or a smaller world size to reshard to."""
+    replicate_degree: int | None = None
+    """Replicas for ``"hybrid"`` (e.g. the number of nodes); inferred from ``shard_degree``."""
+    shard_degree: int | None = None
+    """Ranks sharing one copy for ``"hybrid"`` (e.g. GPUs per node); inferred from
+    ``replicate_degree``."""
+    tensor_parallel: TensorParallel | None = None
+    """Tensor parallelism inside each data-parallel rank (a 2-D or 3-D mesh)."""
+    compile: bool | Mapping[str, Any] = False
+    """``torch.compile`` each block (True, or keyword arguments for ``torch.compile``)."""
+    sync_module_states: bool = True
+    """Copy rank 0's weights to all ranks before sharding (so ranks that initialised the
+    model differently still train one model); False skips the broadcast."""
+
+    def __post_init__(self) -> None:
+        if self.sharding not in _SHARDING:
+            raise ValueError(
+                f"FSDP sharding {self.sharding!r} is not known; use one of {list(_SHARDING)}"
+            )
+        mp = self.mixed_precision
+        if not isinstance(mp, MixedPrecisionPolicy) and mp not in _MIXED_PRECISION:
+            raise ValueError(
+                f"FSDP mixed_precision {mp!r} is not known; use one of "
+                f"{list(_MIXED_PRECISION)} or a torch.distributed.fsdp.MixedPrecisionPolicy"
+            )
+        for name in ("replicate_degree", "shard_degree"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"FSDP {name} must be a positive int or None, got {value!r}")
+        if self.tensor_parallel is not None and not isinstance(
+            self.tensor_parallel, TensorParallel
+        ):
+            raise TypeError(
+                f"tensor_parallel must be a TensorParallel(plan, degree), got "
+                f"{type(self.tensor_parallel).__name__}"
+            )
+
+    def dims(self, world_size: int) -> ParallelDims:
+        """The replicate x shard x tensor degrees this strategy uses on ``world_size`` ranks.
+
+        Raises:
+            ValueError: the degrees do not fit the world size.
+        """
+        tensor = self._tensor_degree()
+        if world_size % tensor:
+            raise ValueError(
+                f"tensor-parallel degree {tensor} does not divide the world size {world_size}"
+            )
+        data = world_size // tensor
+        replicate, shard = self.replicate_degree, self.shard_degree
+        if self.sharding in ("full", "grad_op"):
+            _expect(replicate, 1, "replicate_degree", self.sharding, "it does not replicate")
+            _expect(shard, data, "shard_degree", self.sharding, "it shards over all ranks")
+            return ParallelDims(replicate=1, shard=data, tensor=tensor).resolve(world_size)
+        if self.sharding == "none":
+            _expect(shard, 1, "shard_degree", "none", "it does not shard")
+            _expect(replicate, data, "replicate_degree", "none", "it replicates on all ranks")
+            return ParallelDims(replicate=data, shard=1, tensor=tensor).resolve(world_size)
+        return _hybrid_dims(replicate, shard, data, tensor, world_size)
+
+    def prepare(self, state: State) -> None:
+        """Apply tensor parallel, checkpointing, compile and FSDP in that order (collective)."""
+        world_size = require_process_group("FSDP")
+        check_not_wrapped(state.model, "FSDP")
+        dims = self.dims(world_size)
+        mesh = dims.build_mesh(state.device.type, world_size)
+        model = state.model
+        if self.sync_module_states:
+            broadcast_module_states(model)
+        if self.tensor_parallel is not None:
+            apply_tensor_parallel(model, self.tensor_parallel.plan, mesh["tensor"])
+        blocks = find_blocks(model, self.wrap)
+        apply_activation_checkpointing(model, self.activation_checkpointing, blocks)
+        apply_compile(blocks, model, self.compile)
+        data_mesh = mesh["shard"] if dims.replicate == 1 else mesh["replicate", "shard"]
+        options: dict[str, Any] = {
+            "mesh": data_mesh,
+            "mp_policy": mixed_precision_policy(self.mixed_precision, state.precision),
+            "offload_policy": _offload_policy(self.cpu_offload, state.device),
+        }
+        reshard = self._reshard_after_forward()
+        for block in blocks:
+            fully_shard(block, reshard_after_forward=reshard, **options)
+        # None lets FSDP keep the root gathered after forward: backward needs it first.
+        fully_shard(model, reshard_after_forward=self.reshard_after_forward, **options)
+        if state.scaler is not None:
+            state.scaler = sharded_grad_scaler(state.scaler, state.device)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Accumulate gradients locally, without reduce-scatter or all-reduce."""
+        return _no_gradient_sync(model)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The model itself: ``fully_shard`` works in place."""
+        return model
+
+    def _tensor_degree(self) -> int:
+        if self.tensor_parallel is None:
+            return 1
+        if self.tensor_parallel.degree is None:
+            raise ValueError(
+                "FSDP(tensor_parallel=TensorParallel(plan)) needs the tensor-parallel degree: "
+                "TensorParallel(plan, degree=d), with d dividing the world size"
+            )
+        return self.tensor_parallel.degree
+
+    def _reshard_after_forward(self) -> bool | int:
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        # grad_op keeps parameters gathered until backward; with one shard there is
+        # nothing to gather again.
+        return self.sharding in ("full", "hybrid")
+
+
+def mixed_precision_policy(
+    setting: str | MixedPrecisionPolicy, precision: Precision
+) -> MixedPrecisionPolicy:
+    """FSDP2's policy for ``setting`` (see `FSDP.mixed_precision`) under ``precision``."""
+    if isinstance(setting, MixedPrecisionPolicy):
+        return setting
+    low = _LOW_PRECISION.get(precision)
+    if setting == "full" or low is None:
+        return MixedPrecisionPolicy()
+    if setting == "pure":
+        return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(model: nn.Module) -> Iterator[None]:
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _expect(value: int | None, expected: int, name: str, sharding: str, why: str) -> None:
+    if value is not None and value != expected:
+        raise ValueError(
+            f"FSDP(sharding={sharding!r}) got {name}={value}, but {why}: leave it None "
+            f"(or {expected}); use sharding='hybrid' to choose the degrees"
+        )
+
+
+def _hybrid_dims(
+    replicate: int | None, shard: int | None, data: int, tensor: int, world_size: int
+) -> ParallelDims:
+    divisors = [d for d in range(1, data + 1) if data % d == 0]
+    where = f"{data} data-parallel ranks (world size {world_size} / tensor degree {tensor})"
+    if replicate is None and shard is None:
+        raise ValueError(
+            f"FSDP(sharding='hybrid') needs replicate_degree or shard_degree (e.g. the "
+            f"number of nodes, or GPUs per node) so that replicate x shard = {where}; "
+            f"each may be one of {divisors}"
+        )
+    for name, value in (("replicate_degree", replicate), ("shard_degree", shard)):
+        if value is not None and data % value:
+            raise ValueError(
+                f"FSDP(sharding='hybrid') {name}={value} does not fit {where}; use one of "
+                f"{divisors}"
+            )
+    replicate = replicate or data // shard  # type: ignore[operator]
+    shard = shard or data // replicate
+    if replicate * shard != data:
+        raise ValueError(
+            f"FSDP(sharding='hybrid') replicate_degree={replicate} x shard_degree={shard} = "
+            f"{replicate * shard}, but there are {where}"
+        )
+    return ParallelDims(replicate=replicate, shard=shard, tensor=tensor).resolve(world_size)
+
+
+def _offload_policy(cpu_offload: bool, device: torch.device) -> OffloadPolicy:
+    if not cpu_offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda")

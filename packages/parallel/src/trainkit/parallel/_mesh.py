@@ -1,0 +1,96 @@
+"""`ParallelDims`: how the ranks split into replicate x shard x tensor, and its `DeviceMesh`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+__all__ = ["MESH_DIMS", "ParallelDims"]
+
+MESH_DIMS = ("replicate", "shard", "tensor")
+"""Names of the mesh dimensions, outermost first: ranks next to each other share a tensor-
+parallel group (the fastest links), then a shard group, then the replicas."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelDims:
+    """Degrees of each kind of parallelism; they multiply to the world size.
+
+    Rank ``r`` sits at mesh coordinate ``(r // (shard * tensor), r // tensor % shard,
+    r % tensor)``. One degree may be -1: it takes whatever the others leave.
+
+    Example: 8 GPUs as 2 replicas of a model sharded over 2 ranks, each rank holding half
+    of every layer (tensor parallel 2): ``ParallelDims(replicate=2, shard=2, tensor=2)``.
+    """
+
+    replicate: int = 1
+    """Data-parallel replicas: parameters copied, gradients all-reduced (HSDP's outer dim)."""
+    shard: int = -1
+    """Data-parallel ranks that shard parameters, gradients and optimizer state (FSDP)."""
+    tensor: int = 1
+    """Ranks that split each layer's matrices between them (tensor parallel)."""
+
+    def __post_init__(self) -> None:
+        degrees = self.as_dict()
+        for name, value in degrees.items():
+            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+                raise ValueError(
+                    f"ParallelDims {name}={value!r} is not a degree; use a positive int, or -1 "
+                    "for 'the rest of the world size'"
+                )
+        inferred = [name for name, value in degrees.items() if value == -1]
+        if len(inferred) > 1:
+            raise ValueError(
+                f"ParallelDims can infer one degree, but {inferred} are all -1; give all but one"
+            )
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in MESH_DIMS}
+
+    def resolve(self, world_size: int) -> ParallelDims:
+        """These degrees with -1 filled in, checked against ``world_size``.
+
+        Raises:
+            ValueError: the degrees do not multiply to ``world_size``.
+        """
+        degrees = self.as_dict()
+        known = math.prod(v for v in degrees.values() if v != -1)
+        for name, value in degrees.items():
+            if value == -1:
+                if world_size % known:
+                    raise ValueError(
+                        f"cannot infer ParallelDims {name}: the other degrees ({known}) do not "
+                        f"divide the world size {world_size}; {_accepted(world_size)}"
+                    )
+                degrees[name] = world_size // known
+        product = math.prod(degrees.values())
+        if product != world_size:
+            shown = " x ".join(f"{k}={v}" for k, v in degrees.items())
+            raise ValueError(
+                f"ParallelDims {shown} = {product} ranks, but the world size is {world_size}; "
+                f"the degrees must multiply to the world size ({_accepted(world_size)})"
+            )
+        return dataclasses.replace(self, **degrees)
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that see different batches: replicate x shard."""
+        return self.replicate * self.shard
+
+    def data_parallel_rank(self, rank: int) -> int:
+        """Which slice of the data global ``rank`` reads (ranks in a tensor group read the same)."""
+        return rank // self.tensor
+
+    def build_mesh(self, device_type: str, world_size: int) -> DeviceMesh:
+        """The 3-D ``DeviceMesh`` over every rank, dims named `MESH_DIMS` (collective)."""
+        dims = self.resolve(world_size)
+        shape = tuple(dims.as_dict().values())
+        return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def _accepted(world_size: int) -> str:
+    divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+    return f"each degree must be one of {divisors}"
