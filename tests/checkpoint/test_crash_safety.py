@@ -10,15 +10,22 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from ckpt_runs import in_child, trainer
 from toy import flat_params
-from trainkit.checkpoint import CheckpointError, _io, _manifest, list_checkpoints, load_checkpoint
+from trainkit.checkpoint import (
+    CheckpointError,
+    _commit,
+    _manifest,
+    _storage,
+    list_checkpoints,
+    load_checkpoint,
+)
 
 # Points inside a save where the process dies; each one is patched to SIGKILL itself.
 KILL_POINTS = {
     "while writing shards": (FileSystemWriter, "write_data"),
     "while hashing shards": (_manifest, "hash_file"),
-    "before the manifest": (_io, "atomic_write_text"),
+    "before the manifest": (_storage, "atomic_write_bytes"),
     "before publishing the folder": (os, "rename"),
-    "before updating latest": (_io, "fsync_dir"),
+    "before updating latest": (_commit, "fsync_dir"),
 }
 
 

@@ -1,23 +1,30 @@
 """trainkit.checkpoint: elastic sharded checkpoints on torch.distributed.checkpoint."""
 
 from trainkit.checkpoint._checkpointer import Checkpointer, list_checkpoints
-from trainkit.checkpoint._errors import CheckpointError, UnsafeCheckpointError
-from trainkit.checkpoint._io import (
-    PendingSave,
-    load_checkpoint,
-    resolve_checkpoint,
-    save_checkpoint,
-)
+from trainkit.checkpoint._errors import CheckpointError, StorageError, UnsafeCheckpointError
+from trainkit.checkpoint._load import load_checkpoint, resolve_checkpoint
 from trainkit.checkpoint._manifest import Manifest
+from trainkit.checkpoint._s3 import S3Storage
+from trainkit.checkpoint._save import PendingSave, save_checkpoint
+from trainkit.checkpoint._storage import LocalStorage, Storage, open_storage
+from trainkit.checkpoint._tools import export_checkpoint, inspect_checkpoint, verify_checkpoint
 
 __all__ = [
     "CheckpointError",
     "Checkpointer",
+    "LocalStorage",
     "Manifest",
     "PendingSave",
+    "S3Storage",
+    "Storage",
+    "StorageError",
     "UnsafeCheckpointError",
+    "export_checkpoint",
+    "inspect_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "open_storage",
     "resolve_checkpoint",
     "save_checkpoint",
+    "verify_checkpoint",
 ]

@@ -1,6 +1,6 @@
 """Errors raised by trainkit.checkpoint."""
 
-__all__ = ["CheckpointError", "UnsafeCheckpointError"]
+__all__ = ["CheckpointError", "StorageError", "UnsafeCheckpointError"]
 
 
 class CheckpointError(ValueError):
@@ -9,3 +9,7 @@ class CheckpointError(ValueError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file carries something that would run code when loaded; nothing was run."""
+
+
+class StorageError(CheckpointError):
+    """The storage could not be reached or refused a request; the checkpoint itself may be fine."""

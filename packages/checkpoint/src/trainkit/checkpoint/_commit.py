@@ -1,0 +1,151 @@
+"""Publishing a checkpoint, the same steps for every `Storage`.
+
+1. Rank 0 `begin`s: a hidden ``.tmp-<name>-<token>`` folder on a file system; on an object
+   store (which cannot rename) the folder ``<name>`` itself, emptied and marked
+   ``.incomplete``.
+2. Every rank writes its DCP shards on its own machine (in place on a file system), then
+   `Commit.hand_over` hashes them and hands them to the storage.
+3. Rank 0 learns every rank's files, with sizes and sha256: gathered by a collective in a
+   synchronous save; from side files each rank writes after its hand-over in an
+   asynchronous one, whose background part runs without collectives.
+4. Rank 0 `Commit.publish`es: ``.metadata``, then the manifest, last of the checkpoint's
+   files; then the rename into place (file system) or removal of the marker (object
+   store); then ``latest``.
+
+A crash at any point leaves the previous checkpoint and ``latest`` intact, and a folder
+without a manifest is never taken for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+from trainkit.checkpoint._errors import CheckpointError
+from trainkit.checkpoint._manifest import MANIFEST, FileEntry, Manifest, describe_files, fsync_dir
+from trainkit.checkpoint._storage import Storage, join, location
+
+__all__ = [
+    "INCOMPLETE",
+    "LATEST",
+    "TMP_PREFIX",
+    "Commit",
+    "begin",
+    "interrupted_saves",
+    "remove_checkpoint",
+]
+
+LATEST = "latest"
+TMP_PREFIX = ".tmp-"
+INCOMPLETE = ".incomplete"
+_SIDE_FILES = ".files-{token}"
+_SIDE_FILE_TIMEOUT = 600.0
+
+
+def begin(storage: Storage, name: str) -> str:
+    """Rank 0, before any rank writes: prepare the save; returns the token that names it."""
+    token = secrets.token_hex(4)
+    pending = storage.local_path(f"{TMP_PREFIX}{name}-{token}")
+    if pending is not None:
+        pending.mkdir(parents=True)
+    else:
+        remove_checkpoint(storage, name)  # a re-save at the same point replaces it
+        storage.write_bytes(join(name, INCOMPLETE), token.encode())
+    return token
+
+
+class Commit:
+    """Steps 2-4 of one save, after DCP has written the shards into ``staging``."""
+
+    def __init__(self, storage: Storage, name: str, token: str, staging: Path, manifest: Manifest):
+        self.storage, self.name, self.token = storage, name, token
+        self.staging, self.manifest = staging, manifest
+        self.in_place = storage.local_path("") is not None
+        self.pending = f"{TMP_PREFIX}{name}-{token}" if self.in_place else name
+        self.side_files = join(self.pending, _SIDE_FILES.format(token=token))
+
+    def hand_over(self, rank: int) -> dict[str, FileEntry]:
+        """This rank's shards (DCP names them ``__<rank>_<n>.distcp``) to the storage."""
+        names = sorted(p.name for p in self.staging.iterdir() if p.name.startswith(f"__{rank}_"))
+        entries = describe_files(self.staging, names)
+        for file in names:
+            self.storage.upload(self.staging / file, join(self.pending, file))
+        return entries
+
+    def report(self, rank: int, files: dict[str, FileEntry]) -> None:
+        """Tell rank 0, through the storage, that this rank's ``files`` are in."""
+        listing = {file: vars(entry) for file, entry in files.items()}
+        self.storage.write_bytes(
+            join(self.side_files, f"rank{rank}.json"), json.dumps(listing).encode()
+        )
+
+    def collect(self, world: int) -> dict[str, FileEntry]:
+        """Rank 0: every rank's `report`, once all are in."""
+        files: dict[str, FileEntry] = {}
+        missing, delay = list(range(world)), 0.01
+        deadline = time.monotonic() + _SIDE_FILE_TIMEOUT
+        while missing:
+            for rank in list(missing):
+                try:
+                    listing = self.storage.read_bytes(join(self.side_files, f"rank{rank}.json"))
+                except FileNotFoundError:
+                    continue
+                files.update({f: FileEntry(**e) for f, e in json.loads(listing).items()})
+                missing.remove(rank)
+            if missing:
+                if time.monotonic() > deadline:
+                    raise CheckpointError(
+                        f"ranks {missing} never reported their shards for "
+                        f"{location(self.storage, self.name)}; checkpoint not published"
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        self.storage.delete(self.side_files)
+        return files
+
+    def publish(self, files: dict[str, FileEntry]) -> None:
+        """Rank 0, once every rank's ``files`` are in: the manifest, then ``latest``."""
+        storage = self.storage
+        storage.upload(self.staging / ".metadata", join(self.pending, ".metadata"))
+        self.manifest.files = files | describe_files(self.staging, [".metadata"])
+        storage.write_bytes(join(self.pending, MANIFEST), self.manifest.to_json().encode())
+        if self.in_place:
+            _rename(storage, self.pending, self.name)
+        else:
+            storage.delete(join(self.name, INCOMPLETE))
+        storage.write_bytes(LATEST, f"{self.name}\n".encode())
+
+    def clean_up(self) -> None:
+        # In place, the staging folder is the checkpoint (or, after a failure, what the next
+        # save clears); elsewhere it is this process's own copy.
+        if not self.in_place:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _rename(storage: Storage, pending: str, name: str) -> None:
+    source, target = storage.local_path(pending), storage.local_path(name)
+    assert source is not None and target is not None, "only file systems rename"
+    if target.exists():
+        shutil.rmtree(target)  # a re-save at the same point replaces the old folder
+    os.rename(source, target)
+    fsync_dir(target.parent)
+
+
+def remove_checkpoint(storage: Storage, name: str) -> None:
+    """Delete the checkpoint ``name``, its manifest first: a half-deleted folder is no checkpoint."""
+    storage.delete(join(name, MANIFEST))
+    storage.delete(name)
+
+
+def interrupted_saves(storage: Storage) -> list[str]:
+    """Folders left behind by saves that never finished."""
+    return [
+        folder
+        for folder in storage.list_folders()
+        if folder.startswith(TMP_PREFIX)
+        or (not storage.exists(join(folder, MANIFEST)) and storage.exists(join(folder, INCOMPLETE)))
+    ]

@@ -1,0 +1,82 @@
+"""Small pieces shared by saving and loading: agreeing across ranks, DCP's quirks."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import socket
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from trainkit.checkpoint._errors import CheckpointError
+from trainkit.core import dist
+
+__all__ = [
+    "is_node_leader",
+    "on_rank0",
+    "plain_errors",
+    "shareable",
+    "single_process_is_intended",
+]
+
+T = TypeVar("T")
+
+
+def on_rank0(fn: Callable[[], T]) -> T:
+    """``fn()`` run on rank 0; its result, or the error it raised, on every rank (collective)."""
+    if dist.get_world_size() == 1:
+        return fn()
+    result: T | None = None
+    error: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            result = fn()
+        except Exception as err:
+            error = shareable(err)
+    result, error = dist.broadcast_object((result, error))
+    if error is not None:
+        raise error
+    return result  # type: ignore[return-value]
+
+
+def shareable(err: Exception) -> Exception:
+    """``err``, or a `CheckpointError` with its message when it cannot be sent to other ranks."""
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:
+        return CheckpointError(f"{type(err).__name__}: {err}")
+    return err
+
+
+def is_node_leader() -> bool:
+    """Whether this rank is the first of its machine (collective)."""
+    # Host names rather than LOCAL_RANK: correct however the ranks were started.
+    hosts = dist.all_gather_object(socket.gethostname())
+    rank = dist.get_rank()
+    return hosts.index(hosts[rank]) == rank
+
+
+@contextlib.contextmanager
+def single_process_is_intended() -> Iterator[None]:
+    # DCP warns on every call without a process group; one process is a supported layout.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+@contextlib.contextmanager
+def plain_errors(what: str) -> Iterator[None]:
+    # DCP reports failures as CheckpointException, a BaseException that ordinary handlers
+    # miss: surface our own errors as they are, and anything else as a CheckpointError.
+    try:
+        yield
+    except CheckpointException as err:
+        causes = [exc for exc, _ in err.failures.values()]
+        for cause in causes:
+            if isinstance(cause, CheckpointError):
+                raise cause from err
+        summary = "; ".join(f"{type(c).__name__}: {c}" for c in causes)
+        raise CheckpointError(f"{what} failed: {summary}") from err

@@ -1,0 +1,141 @@
+"""A checkpoint on its own: what it holds, whether it is intact, its weights as safetensors.
+
+Everything here reads only the manifest (JSON), ``.metadata`` (through the restricted
+unpickler) and tensor data: no checkpoint file can run code.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from trainkit.checkpoint._common import plain_errors, single_process_is_intended
+from trainkit.checkpoint._errors import CheckpointError
+from trainkit.checkpoint._fetch import fetched, read_manifest, resolve
+from trainkit.checkpoint._manifest import Manifest
+from trainkit.checkpoint._safe import SafeLoadPlanner, SafeReader
+from trainkit.checkpoint._storage import Storage, location, open_storage, split_location
+
+__all__ = ["export_checkpoint", "inspect_checkpoint", "verify_checkpoint"]
+
+_STATE, _MODEL = "state.", "state.model."
+
+
+def inspect_checkpoint(
+    path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a checkpoint holds, as plain data (JSON-ready).
+
+    Keys: ``path``, ``timestamp``, ``world_size``, ``layout``, ``run_name``,
+    ``weights_only``, ``created`` (Unix time), ``trainkit_version``, ``torch_version``,
+    ``files`` (name -> size in bytes), ``total_size``, ``keys`` (the top-level entries of
+    the saved state), ``model`` (parameter name -> ``{"shape", "dtype"}``), ``model_numel``.
+    Reads the manifest and ``.metadata`` only (from a remote storage, only those two are
+    downloaded); does not check the shards (`verify_checkpoint` does).
+    """
+    storage, key = _open(path, storage_options)
+    manifest = read_manifest(storage, key)
+    with fetched(storage, key, files=(".metadata",)) as folder:
+        metadata = SafeReader(folder).read_metadata()
+    model = {
+        fqn.removeprefix(_MODEL): {"shape": list(meta.size), "dtype": _dtype(meta.properties.dtype)}
+        for fqn, meta in sorted(metadata.state_dict_metadata.items())
+        if fqn.startswith(_MODEL) and isinstance(meta, TensorStorageMetadata)
+    }
+    top = {fqn.removeprefix(_STATE).split(".")[0] for fqn in metadata.state_dict_metadata}
+    return {
+        "path": str(location(storage, key)),
+        "timestamp": manifest.timestamp,
+        "world_size": manifest.world_size,
+        "layout": manifest.layout,
+        "run_name": manifest.run_name,
+        "weights_only": manifest.weights_only,
+        "created": manifest.created,
+        "trainkit_version": manifest.trainkit_version,
+        "torch_version": manifest.torch_version,
+        "files": {name: entry.size for name, entry in sorted(manifest.files.items())},
+        "total_size": sum(entry.size for entry in manifest.files.values()),
+        "keys": sorted(top),
+        "model": model,
+        "model_numel": sum(math.prod(entry["shape"]) for entry in model.values()),
+    }
+
+
+def verify_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    local_dir: str | os.PathLike[str] | None = None,
+) -> Manifest:
+    """Check a checkpoint: its manifest, every file's size and sha256, and its ``.metadata``.
+
+    Returns the manifest; raises `CheckpointError` naming the first bad file. A remote
+    checkpoint is downloaded into ``local_dir`` (a temporary folder by default) to be checked.
+    """
+    storage, key = _open(path, storage_options)
+    with fetched(storage, key, verify=True, local_dir=local_dir) as folder:
+        SafeReader(folder).read_metadata()  # refuses anything but DCP metadata
+        return Manifest.read(folder)
+
+
+def export_checkpoint(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    local_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, torch.Size]:
+    """Write the checkpoint's full model weights to one safetensors file ``out``.
+
+    Works for any layout it was saved with (sharded over many ranks or not), in one process
+    without a process group. The file needs nothing but ``safetensors`` to load
+    (``safetensors.torch.load_file(out)``); names are the model's parameter names.
+    The checkpoint is verified first. Returns each tensor's name and shape.
+    """
+    from safetensors.torch import save_file
+
+    storage, key = _open(path, storage_options)
+    where = location(storage, key)
+    with fetched(storage, key, verify=True, local_dir=local_dir) as folder:
+        reader = SafeReader(folder)
+        tensors = _empty_model_tensors(reader.read_metadata(), where)
+        with single_process_is_intended(), plain_errors(f"exporting {where}"):
+            dcp.load(tensors, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+    weights = {fqn.removeprefix(_MODEL): tensor for fqn, tensor in tensors.items()}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    save_file(weights, str(partial), metadata={"format": "pt", "source": str(where)})
+    os.replace(partial, out)
+    return {name: tensor.shape for name, tensor in weights.items()}
+
+
+def _open(
+    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None
+) -> tuple[Storage, str]:
+    root, name = split_location(path)
+    storage = open_storage(root, storage_options)
+    return storage, resolve(storage, name)
+
+
+def _empty_model_tensors(metadata: Metadata, where: Path | str) -> dict[str, torch.Tensor]:
+    # Full-size tensors to load into: DCP assembles them from however the shards were cut.
+    tensors = {
+        fqn: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        for fqn, meta in sorted(metadata.state_dict_metadata.items())
+        if fqn.startswith(_MODEL) and isinstance(meta, TensorStorageMetadata)
+    }
+    if not tensors:
+        raise CheckpointError(f"{where} holds no model weights to export")
+    return tensors
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,101 @@
+"""Fixtures of the checkpoint tests: a local S3 server, and an FSDP2-sharded run."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, DistributedSampler
+
+from multirank import free_port
+from toy import blobs, mlp
+from trainkit.core import Trainer
+
+SECRET = "tEsT-sEcReT-kEy-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A moto S3 server on 127.0.0.1 and a free port (``endpoint``), with dummy credentials in
+    the environment (``secret``: the secret key)."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
+        patch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        port = free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        try:
+            yield SimpleNamespace(endpoint=f"http://127.0.0.1:{port}", secret=SECRET)
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """A fresh bucket: ``url``, ``options`` (for storage_options), ``client``, ``objects()``."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint)
+    client.create_bucket(Bucket=bucket)
+
+    def objects(prefix: str = "") -> list[str]:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", ()))
+
+    return SimpleNamespace(
+        url=f"s3://{bucket}",
+        bucket=bucket,
+        endpoint=s3_server.endpoint,
+        options={"endpoint_url": s3_server.endpoint},
+        client=client,
+        objects=objects,
+    )
+
+
+class Shard:
+    """FSDP2 on every Linear and the root: enough of a strategy to shard the checkpoint."""
+
+    def prepare(self, state):
+        for module in state.model.modules():
+            if isinstance(module, torch.nn.Linear):
+                fully_shard(module)
+        fully_shard(state.model)
+
+    def no_sync(self, model):
+        return contextlib.nullcontext()
+
+    def unwrap(self, model):
+        return model
+
+
+def _sharded_trainer(world: int, sharded: bool = True) -> Trainer:
+    data = blobs(128)
+    sampler = DistributedSampler(data, shuffle=False) if world > 1 else None
+    return Trainer(
+        model=mlp(dropout=0.0, hidden=24),
+        train_dataloader=DataLoader(data, batch_size=8, sampler=sampler),
+        max_duration="3ba",
+        parallelism=Shard() if sharded else None,
+        progress_bar=False,
+        device="cpu",
+        seed=2,
+    )
+
+
+@pytest.fixture(scope="session")
+def sharded_trainer():
+    """``make(world, sharded=True)``: a 3-batch run, FSDP2-sharded over ``world`` ranks."""
+    return _sharded_trainer
