@@ -42,3 +42,16 @@ def test_module_factory_model(tmp_path):
     assert main(["train", str(config), "--run-dir", str(run_dir), "--max-duration", "2ba"]) == 0
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(line.get("step", 0) for line in lines) == 2
+
+
+def test_running_again_resumes(tmp_path, capsys):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run_dir), "--max-duration", "4ba"]) == 0
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "ep0-ba4"
+    capsys.readouterr()
+    assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "at batch 4" in out
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "ep0-ba8"

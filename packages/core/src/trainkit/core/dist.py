@@ -44,11 +44,13 @@ def get_local_rank() -> int:
     """The rank within this node (the GPU index to use)."""
     if not is_initialized():
         return 0
-    # torchrun sets LOCAL_RANK; groups started another way (fork-based tests, custom
-    # launchers) fall back to the rank modulo the node's GPU count.
-
+    # torchrun sets LOCAL_RANK. Groups started another way (fork-based tests, custom
+    # launchers) are taken as one node per GPU set, or a single node without GPUs.
     local = os.environ.get("LOCAL_RANK")
-    return int(local) if local is not None else get_rank() % max(torch.cuda.device_count(), 1)
+    if local is not None:
+        return int(local)
+    gpus = torch.cuda.device_count()
+    return get_rank() % gpus if gpus else get_rank()
 
 
 def barrier() -> None:
