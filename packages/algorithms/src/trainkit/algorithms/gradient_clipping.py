@@ -1,0 +1,97 @@
+"""Gradient clipping by global norm, by value, or adaptive (AGC, Brock et al. 2021).
+
+Runs at AFTER_TRAIN_BATCH: all microbatches' gradients are in, the step has not happened.
+With a grad scaler the gradients are unscaled first, so the threshold means what it says.
+Correct under FSDP2: the global norm of DTensor gradients is reduced over the mesh by
+`clip_grad_norm_`; value clipping is elementwise; adaptive clipping uses per-row norms,
+and FSDP2 shards parameters by rows (dim 0), so every row is whole on one rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.core import Event, Logger, State
+
+__all__ = ["GradientClipping", "GradientClippingConfig", "apply_gradient_clipping"]
+
+ClippingType = Literal["norm", "value", "adaptive"]
+
+
+@dataclass(kw_only=True)
+class GradientClippingConfig:
+    clipping_type: ClippingType = "norm"
+    """"norm": scale all gradients so their global L2 norm is at most the threshold;
+    "value": clamp each element to [-threshold, threshold]; "adaptive": clip each row's
+    gradient to threshold times that row's weight norm."""
+    clipping_threshold: float = 1.0
+    """The norm, value, or ratio (adaptive) not to exceed; positive."""
+
+    def __post_init__(self) -> None:
+        if self.clipping_type not in ("norm", "value", "adaptive"):
+            raise ValueError(
+                f"clipping_type {self.clipping_type!r} is not one of 'norm', 'value', 'adaptive'"
+            )
+        if not self.clipping_threshold > 0:
+            raise ValueError(f"clipping_threshold must be positive, got {self.clipping_threshold}")
+
+
+def apply_gradient_clipping(
+    parameters: nn.Module | Iterable[nn.Parameter],
+    *,
+    clipping_type: ClippingType = "norm",
+    clipping_threshold: float = 1.0,
+) -> torch.Tensor | None:
+    """Clip the gradients of ``parameters`` in place; returns the pre-clip norm for "norm"."""
+    GradientClippingConfig(clipping_type=clipping_type, clipping_threshold=clipping_threshold)
+    params = list(parameters.parameters() if isinstance(parameters, nn.Module) else parameters)
+    with_grad = [p for p in params if p.grad is not None]
+    if clipping_type == "norm":
+        return torch.nn.utils.clip_grad_norm_(with_grad, clipping_threshold)
+    if clipping_type == "value":
+        torch.nn.utils.clip_grad_value_(with_grad, clipping_threshold)
+        return None
+    for param in with_grad:
+        _adaptive_clip(param, clipping_threshold)
+    return None
+
+
+@torch.no_grad()
+def _adaptive_clip(param: nn.Parameter, ratio: float, eps: float = 1e-3) -> None:
+    weight, grad = param.detach(), param.grad
+    dims = tuple(range(1, weight.ndim)) if weight.ndim > 1 else None
+    weight_norm = weight.norm(dim=dims, keepdim=True) if dims else weight.norm()
+    grad_norm = grad.norm(dim=dims, keepdim=True) if dims else grad.norm()
+    max_norm = weight_norm.clamp(min=eps) * ratio
+    scale = (max_norm / grad_norm.clamp(min=1e-6)).clamp(max=1.0)
+    grad.mul_(scale)
+
+
+class GradientClipping:
+    """Clips gradients before every optimizer step (see `GradientClippingConfig`)."""
+
+    ordering_passes = STANDARD_PASSES
+
+    def __init__(self, clipping_type: ClippingType = "norm", clipping_threshold: float = 1.0):
+        self.config = GradientClippingConfig(
+            clipping_type=clipping_type, clipping_threshold=clipping_threshold
+        )
+
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.AFTER_TRAIN_BATCH
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        if state.scaler is not None:
+            for optimizer in state.optimizers:
+                state.scaler.unscale_(optimizer)
+        apply_gradient_clipping(
+            state.model,
+            clipping_type=self.config.clipping_type,
+            clipping_threshold=self.config.clipping_threshold,
+        )

@@ -1,0 +1,82 @@
+"""replace_modules: by type or predicate, counted, placed, optimizers re-bound."""
+
+import pytest
+import torch
+from torch import nn
+
+from trainkit.algorithms import replace_modules
+
+
+class Doubler(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.gain = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return self.inner(x) * 2 * self.gain
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 2))
+    )
+
+
+def test_replace_by_type_counts_and_keeps_shared_parameters():
+    model = net()
+    first_weight = model[0].weight
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    replaced = replace_modules(
+        model, {nn.Linear: lambda m, i: Doubler(m) if i < 2 else None}, optimizers=optimizer
+    )
+    assert sorted(replaced) == ["0", "2"]
+    assert isinstance(model[0], Doubler) and isinstance(model[3][0], nn.Linear)
+    assert model[0].inner.weight is first_weight
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    assert held == {id(p) for p in model.parameters()}  # the new gains were added
+
+
+def test_replace_by_predicate_and_drop_removed_parameters():
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    replace_modules(
+        model,
+        {lambda m: isinstance(m, nn.Linear) and m.out_features == 2: lambda m, i: nn.Identity()},
+        optimizers=optimizer,
+    )
+    assert isinstance(model[3][0], nn.Identity)
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    assert held == {id(p) for p in model.parameters()}
+
+
+def test_new_modules_follow_the_replaced_modules_dtype():
+    model = net().to(torch.float64)
+    replace_modules(
+        model,
+        {
+            nn.ReLU: lambda m, i: None,
+            nn.Linear: lambda m, i: Doubler(nn.Linear(4, 4)) if i == 0 else None,
+        },
+    )
+    assert model[0].gain.dtype == torch.float64 and model[0].inner.weight.dtype == torch.float64
+
+
+def test_warns_when_nothing_matches():
+    with pytest.warns(UserWarning, match="blurpool matched no module in Sequential"):
+        replace_modules(net(), {nn.Conv2d: lambda m, i: nn.Identity()}, method="blurpool")
+
+
+def test_refuses_once_the_optimizer_has_state():
+    model = net()
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    with pytest.raises(ValueError, match=r"already holds state .*apply it before the first step"):
+        replace_modules(
+            model,
+            {nn.Linear: lambda m, i: Doubler(m)},
+            optimizers=optimizer,
+            method="squeeze_excite",
+        )
