@@ -364,3 +364,55 @@ def test_passes_declared_by_algorithms_are_registered_once():
     engine.run_event(Event.BATCH_START)
     assert log == ["B", "A", "B", "A"]
     assert engine.passes == [last_first]
+
+
+def test_required_events_that_never_fired_are_reported():
+    class NeedsInit:
+        required_events = (Event.INIT,)
+
+        def match(self, event, state):
+            return False
+
+        def apply(self, event, state, logger):
+            pass
+
+    class NeedsCheckpointEvents(Callback):
+        required_events = ((Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT), Event.FIT_END)
+
+    engine = make_engine(algorithms=[NeedsInit()], callbacks=[NeedsCheckpointEvents()])
+    with pytest.warns(
+        RuntimeWarning, match=r"NeedsInit needs Event\.INIT, which this loop never fired"
+    ):
+        engine.run_event(Event.BATCH_START)  # the first batch: set-up events are checked
+    engine.run_event(Event.EPOCH_CHECKPOINT)
+    with pytest.warns(
+        RuntimeWarning, match=r"NeedsCheckpointEvents needs Event\.FIT_END"
+    ) as record:
+        engine.close()
+    assert not any("BATCH_CHECKPOINT or" in str(w.message) for w in record)  # one of them fired
+
+
+def test_the_trainer_fires_everything_its_components_need(recwarn):
+    from toy import blobs, loader, mlp
+    from trainkit.core import Trainer
+
+    class NeedsAll(Callback):
+        required_events = (
+            Event.INIT,
+            Event.BEFORE_LOAD,
+            Event.FIT_START,
+            Event.BATCH_CHECKPOINT,
+            Event.FIT_END,
+        )
+
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(32)),
+        max_duration="2ba",
+        callbacks=[NeedsAll()],
+        progress_bar=False,
+        device="cpu",
+    )
+    trainer.fit()
+    trainer.close()
+    assert not [w for w in recwarn if "never fired" in str(w.message)]

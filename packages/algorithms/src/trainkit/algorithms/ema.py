@@ -59,6 +59,7 @@ class EMA:
     """Keeps an exponential moving average of the model's weights (see `EMAConfig`)."""
 
     ordering_passes = STANDARD_PASSES
+    required_events = (Event.FIT_START, Event.BATCH_END)
 
     def __init__(self, half_life: str = "1000ba", update_interval: str = "1ba"):
         self.config = EMAConfig(half_life=half_life, update_interval=update_interval)

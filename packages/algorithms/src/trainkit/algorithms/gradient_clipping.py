@@ -77,6 +77,7 @@ class GradientClipping:
     """Clips gradients before every optimizer step (see `GradientClippingConfig`)."""
 
     ordering_passes = STANDARD_PASSES
+    required_events = (Event.AFTER_TRAIN_BATCH,)
 
     def __init__(self, clipping_type: ClippingType = "norm", clipping_threshold: float = 1.0):
         self.config = GradientClippingConfig(

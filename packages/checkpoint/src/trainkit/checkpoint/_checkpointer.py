@@ -44,6 +44,13 @@ class Checkpointer(Callback):
             before loading (default: a folder in the system's temporary directory).
     """
 
+    # Loading happens at BEFORE_LOAD; saving at the checkpoint events and at FIT_END.
+    required_events = (
+        Event.BEFORE_LOAD,
+        (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT),
+        Event.FIT_END,
+    )
+
     def __init__(
         self,
         folder: str | os.PathLike[str],

@@ -22,7 +22,9 @@ class Algorithm(Protocol):
     must survive a resume, ``required_on_load`` (class attribute, default False) for
     methods that change the model and must be re-applied before loading a checkpoint, and
     ``ordering_passes`` (class attribute): `OrderingPass` functions the engine registers
-    once, for composition rules such as "run me first".
+    once, for composition rules such as "run me first"; ``required_events``: events the
+    loop must fire for the algorithm to work (a tuple inside means "one of these"), so a
+    hand-written loop that misses one gets a warning instead of silent misbehaviour.
     """
 
     def match(self, event: Event, state: State) -> bool: ...
@@ -35,7 +37,8 @@ class Callback:
 
     Every method receives ``(state, logger)``. `run_event` dispatches by the event's name,
     so ``Event.BATCH_END`` calls ``batch_end``. Override ``state_dict`` / ``load_state_dict``
-    to have the callback's state saved with the run.
+    to have the callback's state saved with the run, and set ``required_events`` (see
+    `Algorithm`) when the callback cannot work without some events.
     """
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:

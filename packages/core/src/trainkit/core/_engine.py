@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -42,6 +43,8 @@ class CallbackError(RuntimeError):
 
 
 _NO_TRACES: list[Trace] = []
+# Events a loop fires before its first batch (checked when the first batch starts).
+_BEFORE_TRAINING = frozenset({Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD, Event.FIT_START})
 
 
 def _name(obj: object) -> str:
@@ -75,6 +78,7 @@ class Engine:
         self._listeners_key: tuple[int, ...] = ()  # changes when callbacks are added or removed
         self.fired: set[Event] = set()
         self._passes_key: tuple[int, int] = (0, 0)
+        self._checked_setup = False
 
     def register_pass(self, ordering_pass: OrderingPass, index: int = -1) -> None:
         """Add an ordering pass; ``index=-1`` appends, ``0`` runs it first."""
@@ -87,6 +91,9 @@ class Engine:
         if event.__class__ is not Event:
             event = Event(event)
         self.fired.add(event)
+        if event == Event.BATCH_START and not self._checked_setup:
+            self._checked_setup = True
+            self.check_required_events(_BEFORE_TRAINING)
         state = self.state
         traces = self._run_algorithms(event) if state.algorithms else _NO_TRACES
         if not state.callbacks and not self.logger.destinations:
@@ -146,8 +153,36 @@ class Engine:
             self._listeners[event] = listeners
         return listeners
 
+    def check_required_events(self, among: frozenset[Event] | None = None) -> list[str]:
+        """Warn about components whose ``required_events`` were never fired.
+
+        A component (algorithm, callback, destination) may declare ``required_events``:
+        events, or tuples of events of which at least one must fire. ``among`` limits the
+        check to those events (the Engine checks the set-up events at the first batch, and
+        all of them at `close`). Returns the warnings given.
+        """
+        problems = []
+        for component in [*self.state.algorithms, *self.state.callbacks, *self.logger.destinations]:
+            for need in getattr(component, "required_events", ()):
+                options = (
+                    tuple(need) if isinstance(need, tuple | list | set | frozenset) else (need,)
+                )
+                if among is not None and not any(e in among for e in options):
+                    continue
+                if not any(e in self.fired for e in options):
+                    names = " or ".join(f"Event.{Event(e).name}" for e in options)
+                    problems.append(
+                        f"{_name(component)} needs {names}, which this loop never fired, so it "
+                        "cannot do its job; fire it where the Trainer does (trainkit-core README, "
+                        "'Write your own trainer')"
+                    )
+        for problem in problems:
+            warnings.warn(problem, RuntimeWarning, stacklevel=3)
+        return problems
+
     def close(self) -> None:
-        """Close every callback, then every logger destination, each once."""
+        """Check required events, then close every callback and logger destination, once each."""
+        self.check_required_events()
         closed = set(map(id, self.logger.destinations))
         for callback in self.state.callbacks:
             if id(callback) not in closed and hasattr(callback, "close"):

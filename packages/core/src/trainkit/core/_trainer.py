@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,18 +16,12 @@ from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._interval import IntervalTrigger, interval_trigger
 from trainkit.core._logger import Logger, LoggerDestination
+from trainkit.core._loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
 from trainkit.core._precision import Device, Precision, autocast, resolve_device
 from trainkit.core._rng import random_seed, seed_everything
 from trainkit.core._state import State
-from trainkit.core._step import (
-    eval_forward,
-    evaluate,
-    optimizer_step,
-    rebind_optimizers,
-    scheduler_step,
-    train_batch,
-)
+from trainkit.core._step import eval_forward, evaluate, optimizer_step, train_batch
 from trainkit.core._time import Time, TimeUnit, ensure_time
 
 __all__ = ["Trainer"]
@@ -110,7 +103,6 @@ class Trainer:
         if progress_bar:
             destinations.append(setup.progress_destination(train_data))
 
-        names_before = {id(p): n for n, p in model.named_parameters()}
         optimizers = setup.make_optimizers(optimizers, model) if optimizers is not None else []
         self.state = state = State(
             model=model.to(device),
@@ -131,22 +123,8 @@ class Trainer:
         )
         self.logger = Logger(destinations, state)
         self.engine = Engine(state, self.logger)
-
-        self.engine.run_event(Event.INIT)  # surgery algorithms change the model here
-        state.model.to(device)
-        state.parallelism.prepare(state)
-        unwrapped = state.parallelism.unwrap(state.model)
-        rebind_optimizers(state.optimizers, unwrapped, names_before)
-        if not state.optimizers:
-            state.optimizers = [torch.optim.AdamW(unwrapped.parameters(), lr=1e-3)]
-        state.schedulers = setup.make_schedulers(schedulers, state)
-        state.train_metrics = setup.train_metrics_for(unwrapped, device)
-        state.eval_metrics = setup.eval_metrics_for(unwrapped, evaluators, device)
-        if train_data is not None:
-            train_data.make_resumable(seed)
         self.logger.log_hyperparameters(self._hyperparameters())
-        self.engine.run_event(Event.BEFORE_LOAD)
-        self.engine.run_event(Event.AFTER_LOAD)
+        prepare_run(state, self.engine, schedulers=schedulers)
         self._last_eval_batch = -1
         self.last_eval: dict[str, Any] = {}
         """Metrics of the most recent evaluation (during fit or by `eval`)."""
@@ -189,63 +167,26 @@ class Trainer:
 
     def _train_epoch(self) -> None:
         state, engine = self.state, self.engine
-        if state.timestamp.batch_in_epoch == 0:
-            for metric in state.train_metrics.values():
-                metric.reset()
-            engine.run_event(Event.EPOCH_START)
-        start = state.timestamp.batch_in_epoch
-        for batch in self._batches():
-            self._train_one(batch)
+        trained = 0
+        for batch in epoch_batches(state, engine):
+            clock = start_batch(state, engine, batch)
+            loss = train_batch(state, engine)
+            optimizer_step(state)
+            finish_batch(state, engine, clock, loss)
+            self._maybe_eval(Event.BATCH_END)
+            engine.run_event(Event.BATCH_CHECKPOINT)
+            trained += 1
             if state.is_done() or state.stop_requested:
                 if state.timestamp.batch_in_epoch != state.dataloader_len:
-                    return
+                    return  # mid-epoch: the epoch goes on in the next fit
                 break
-        if state.timestamp.batch_in_epoch == start == 0:
+        if trained == 0 and state.timestamp.batch_in_epoch == 0:
             raise ValueError(
                 "train_dataloader yielded no batches in this epoch; it must not be empty"
             )
-        state.timestamp = state.timestamp.to_next_epoch()
-        if state.train_metrics:
-            self.logger.log_metrics(
-                {f"metrics/train/{k}": m.compute() for k, m in state.train_metrics.items()}
-            )
-        engine.run_event(Event.EPOCH_END)
+        finish_epoch(state, engine)
         self._maybe_eval(Event.EPOCH_END)
         engine.run_event(Event.EPOCH_CHECKPOINT)
-
-    def _batches(self) -> Iterator[Any]:
-        state = self.state
-        assert state.train_data is not None
-        iterator = state.train_data.iter_epoch(
-            state.timestamp.epoch, state.timestamp.batch_in_epoch
-        )
-        while True:
-            self.engine.run_event(Event.BEFORE_DATALOADER)
-            try:
-                state.batch = next(iterator)
-            except StopIteration:
-                return
-            self.engine.run_event(Event.AFTER_DATALOADER)
-            yield state.batch
-
-    def _train_one(self, batch: Any) -> None:
-        state, engine, data = self.state, self.engine, self.state.train_data
-        assert data is not None
-        start = time.perf_counter()
-        world = self._world_size
-        samples, tokens = data.get_num_samples_in_batch(batch), data.get_num_tokens_in_batch(batch)
-        state.batch = data.device_transfer(batch, state.device)
-        engine.run_event(Event.BATCH_START)
-        loss = train_batch(state, engine)
-        optimizer_step(state)
-        state.timestamp = state.timestamp.to_next_batch(
-            samples * world, tokens * world, time.perf_counter() - start
-        )
-        scheduler_step(state)
-        self.logger.log_metrics({"loss/train/total": loss})
-        engine.run_event(Event.BATCH_END)
-        self._maybe_eval(Event.BATCH_END)
-        engine.run_event(Event.BATCH_CHECKPOINT)
 
     def _maybe_eval(self, event: Event) -> None:
         state = self.state

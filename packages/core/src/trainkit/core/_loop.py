@@ -1,0 +1,141 @@
+"""The phases of a run, as functions of `State` and `Engine`.
+
+The Trainer is these phases in a fixed order; a hand-written loop calls the same ones
+around its own step (see the README: "Write your own trainer")::
+
+    prepare_run(state, engine)                      # INIT ... BEFORE_LOAD / AFTER_LOAD
+    engine.run_event(Event.FIT_START)
+    while not state.is_done():
+        for batch in epoch_batches(state, engine):  # EPOCH_START, *_DATALOADER
+            clock = start_batch(state, engine, batch)   # counts, device, BATCH_START
+            ...your forward / backward / optimizer steps, firing the events you support...
+            finish_batch(state, engine, clock, loss)    # timestamp, schedulers, BATCH_END
+            engine.run_event(Event.BATCH_CHECKPOINT)
+            if state.is_done() or state.stop_requested:
+                break
+        else:
+            finish_epoch(state, engine)                 # EPOCH_END
+            engine.run_event(Event.EPOCH_CHECKPOINT)
+    engine.run_event(Event.FIT_END)
+    engine.close()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainkit.core import _setup as setup
+from trainkit.core._engine import Engine
+from trainkit.core._event import Event
+from trainkit.core._state import State
+from trainkit.core._step import rebind_optimizers, scheduler_step
+
+__all__ = [
+    "BatchClock",
+    "epoch_batches",
+    "finish_batch",
+    "finish_epoch",
+    "prepare_run",
+    "start_batch",
+]
+
+
+def prepare_run(state: State, engine: Engine, *, schedulers: Any = None) -> None:
+    """From a built `State` to the first batch: INIT, placement, strategy, loading.
+
+    Fires INIT (surgery algorithms change the model here), moves the model to
+    ``state.device``, lets the strategy wrap or shard it, re-binds optimizers built on the
+    original parameters (or builds AdamW if there are none), compiles ``schedulers``, sets
+    up metrics, makes the training data resumable, then fires BEFORE_LOAD (checkpoint
+    loaders load here) and AFTER_LOAD.
+    """
+    names_before = {id(p): n for n, p in state.model.named_parameters()}
+    engine.run_event(Event.INIT)
+    state.model.to(state.device)
+    state.parallelism.prepare(state)
+    unwrapped = state.parallelism.unwrap(state.model)
+    rebind_optimizers(state.optimizers, unwrapped, names_before)
+    if not state.optimizers:
+        state.optimizers = [torch.optim.AdamW(unwrapped.parameters(), lr=1e-3)]
+    state.schedulers = setup.make_schedulers(schedulers, state)
+    state.train_metrics = setup.train_metrics_for(unwrapped, state.device)
+    state.eval_metrics = setup.eval_metrics_for(unwrapped, state.evaluators, state.device)
+    if state.train_data is not None:
+        state.train_data.make_resumable(state.seed)
+    engine.run_event(Event.BEFORE_LOAD)
+    engine.run_event(Event.AFTER_LOAD)
+
+
+def epoch_batches(state: State, engine: Engine) -> Iterator[Any]:
+    """The current epoch's remaining batches: all of them, or after a resume the rest.
+
+    Fires EPOCH_START (only when the epoch begins), then BEFORE_DATALOADER and
+    AFTER_DATALOADER around each batch, which is also put in ``state.batch``.
+    """
+    assert state.train_data is not None, "epoch_batches needs state.train_data"
+    if state.timestamp.batch_in_epoch == 0:
+        for metric in state.train_metrics.values():
+            metric.reset()
+        engine.run_event(Event.EPOCH_START)
+    iterator = state.train_data.iter_epoch(state.timestamp.epoch, state.timestamp.batch_in_epoch)
+    while True:
+        engine.run_event(Event.BEFORE_DATALOADER)
+        try:
+            state.batch = next(iterator)
+        except StopIteration:
+            return
+        engine.run_event(Event.AFTER_DATALOADER)
+        yield state.batch
+
+
+@dataclass(frozen=True, slots=True)
+class BatchClock:
+    """What `start_batch` measured, for `finish_batch`."""
+
+    samples: int
+    tokens: int
+    started: float
+
+
+def start_batch(state: State, engine: Engine, batch: Any) -> BatchClock:
+    """Count the batch, move it to the device (into ``state.batch``), fire BATCH_START."""
+    data = state.train_data
+    assert data is not None
+    started = time.perf_counter()
+    # Ranks that share data (tensor parallel) count it once.
+    streams = getattr(state.parallelism, "data_parallel_size", None) or state.world_size
+    clock = BatchClock(
+        data.get_num_samples_in_batch(batch) * streams,
+        data.get_num_tokens_in_batch(batch) * streams,
+        started,
+    )
+    state.batch = data.device_transfer(batch, state.device)
+    engine.run_event(Event.BATCH_START)
+    return clock
+
+
+def finish_batch(
+    state: State, engine: Engine, clock: BatchClock, loss: torch.Tensor | None
+) -> None:
+    """Advance the timestamp, step the LR schedulers, log the loss, fire BATCH_END."""
+    duration = time.perf_counter() - clock.started
+    state.timestamp = state.timestamp.to_next_batch(clock.samples, clock.tokens, duration)
+    scheduler_step(state)
+    if loss is not None:
+        engine.logger.log_metrics({"loss/train/total": loss})
+    engine.run_event(Event.BATCH_END)
+
+
+def finish_epoch(state: State, engine: Engine) -> None:
+    """Advance to the next epoch, log the epoch's train metrics, fire EPOCH_END."""
+    state.timestamp = state.timestamp.to_next_epoch()
+    if state.train_metrics:
+        engine.logger.log_metrics(
+            {f"metrics/train/{k}": m.compute() for k, m in state.train_metrics.items()}
+        )
+    engine.run_event(Event.EPOCH_END)
