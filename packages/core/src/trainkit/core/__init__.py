@@ -7,6 +7,14 @@ from trainkit.core._event import Event
 from trainkit.core._hf import HuggingFaceModel
 from trainkit.core._interval import IntervalTrigger, interval_trigger
 from trainkit.core._logger import Logger, LoggerDestination
+from trainkit.core._loop import (
+    BatchClock,
+    epoch_batches,
+    finish_batch,
+    finish_epoch,
+    prepare_run,
+    start_batch,
+)
 from trainkit.core._metrics import Accuracy, CrossEntropy, Mean, Metric, Perplexity
 from trainkit.core._model import Classifier, TrainModel
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
@@ -42,6 +50,7 @@ __all__ = [
     "Accuracy",
     "Algorithm",
     "AlgorithmError",
+    "BatchClock",
     "Callback",
     "CallbackError",
     "Classifier",
@@ -84,17 +93,22 @@ __all__ = [
     "autocast",
     "default_split_batch",
     "ensure_time",
+    "epoch_batches",
     "eval_forward",
     "evaluate",
+    "finish_batch",
+    "finish_epoch",
     "get_rng_state",
     "interval_trigger",
     "optimizer_step",
+    "prepare_run",
     "rebind_optimizers",
     "resolve_device",
     "run_microbatches",
     "scheduler_step",
     "seed_everything",
     "set_rng_state",
+    "start_batch",
     "to_device",
     "train_batch",
 ]
