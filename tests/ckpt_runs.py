@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 
 import torch
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, DistributedSampler
 
 from toy import blobs, loader, mlp
 from trainkit.checkpoint import Checkpointer
@@ -57,3 +60,34 @@ def in_child(fn, *args) -> int:
         proc.join()
         raise AssertionError("child run did not finish within 120 s")
     return proc.exitcode
+
+
+class Shard:
+    """FSDP2 on every Linear and the root: enough of a strategy to shard the checkpoint."""
+
+    def prepare(self, state):
+        for module in state.model.modules():
+            if isinstance(module, torch.nn.Linear):
+                fully_shard(module)
+        fully_shard(state.model)
+
+    def no_sync(self, model):
+        return contextlib.nullcontext()
+
+    def unwrap(self, model):
+        return model
+
+
+def sharded_trainer(world: int, sharded: bool = True) -> Trainer:
+    """A run whose data is split over ``world`` ranks, sharded with FSDP2 unless told not to."""
+    data = blobs(128)
+    sampler = DistributedSampler(data, shuffle=False) if world > 1 else None
+    return Trainer(
+        model=mlp(dropout=0.0, hidden=24),
+        train_dataloader=DataLoader(data, batch_size=8, sampler=sampler),
+        max_duration="3ba",
+        parallelism=Shard() if sharded else None,
+        progress_bar=False,
+        device="cpu",
+        seed=2,
+    )

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from types import SimpleNamespace
 
 import pytest
-import torch
-from torch.distributed.fsdp import fully_shard
-from torch.utils.data import DataLoader, DistributedSampler
 
+import ckpt_runs
 from multirank import free_port
-from toy import blobs, mlp
-from trainkit.core import Trainer
 
 SECRET = "tEsT-sEcReT-kEy-0123456789abcdef"
 
@@ -65,37 +60,7 @@ def s3(s3_server, monkeypatch):
     )
 
 
-class Shard:
-    """FSDP2 on every Linear and the root: enough of a strategy to shard the checkpoint."""
-
-    def prepare(self, state):
-        for module in state.model.modules():
-            if isinstance(module, torch.nn.Linear):
-                fully_shard(module)
-        fully_shard(state.model)
-
-    def no_sync(self, model):
-        return contextlib.nullcontext()
-
-    def unwrap(self, model):
-        return model
-
-
-def _sharded_trainer(world: int, sharded: bool = True) -> Trainer:
-    data = blobs(128)
-    sampler = DistributedSampler(data, shuffle=False) if world > 1 else None
-    return Trainer(
-        model=mlp(dropout=0.0, hidden=24),
-        train_dataloader=DataLoader(data, batch_size=8, sampler=sampler),
-        max_duration="3ba",
-        parallelism=Shard() if sharded else None,
-        progress_bar=False,
-        device="cpu",
-        seed=2,
-    )
-
-
 @pytest.fixture(scope="session")
 def sharded_trainer():
     """``make(world, sharded=True)``: a 3-batch run, FSDP2-sharded over ``world`` ranks."""
-    return _sharded_trainer
+    return ckpt_runs.sharded_trainer
