@@ -293,15 +293,31 @@ def test_failing_callback_raises_callback_error_naming_it_and_the_event():
     assert isinstance(info.value.__cause__, KeyError)
 
 
-def test_failing_destination_callback_raises_callback_error():
+def test_failing_destination_event_handler_warns_once_and_training_goes_on():
+    calls = []
+
     class BrokenDestination(Callback, LoggerDestination):
         def fit_start(self, state, logger):
+            calls.append("fit_start")
             raise OSError("disk full")
 
     engine = make_engine(destinations=[BrokenDestination()])
-    with pytest.raises(
-        CallbackError, match=r"BrokenDestination failed at event FIT_START.*disk full"
+    with pytest.warns(
+        RuntimeWarning, match=r"BrokenDestination\.fit_start failed .*disk full.*training continues"
     ):
+        engine.run_event(Event.FIT_START)
+    engine.run_event(Event.FIT_START)  # still called, no second warning
+    assert calls == ["fit_start", "fit_start"]
+
+
+def test_a_failing_callback_that_is_also_a_destination_still_raises():
+    class Both(Callback, LoggerDestination):
+        def fit_start(self, state, logger):
+            raise OSError("disk full")
+
+    both = Both()
+    engine = make_engine(callbacks=[both], destinations=[both])
+    with pytest.raises(CallbackError, match=r"Both failed at event FIT_START"):
         engine.run_event(Event.FIT_START)
 
 
@@ -416,3 +432,13 @@ def test_the_trainer_fires_everything_its_components_need(recwarn):
     trainer.fit()
     trainer.close()
     assert not [w for w in recwarn if "never fired" in str(w.message)]
+
+
+def test_a_destination_failing_at_init_stops_the_run():
+    class BadFolder(Callback, LoggerDestination):
+        def init(self, state, logger):
+            raise ValueError("cannot write to /nope")
+
+    engine = make_engine(destinations=[BadFolder()])
+    with pytest.raises(CallbackError, match=r"BadFolder failed at event INIT.*cannot write"):
+        engine.run_event(Event.INIT)

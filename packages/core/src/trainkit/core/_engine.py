@@ -102,6 +102,11 @@ class Engine:
             try:
                 handler(self.state, self.logger)
             except Exception as err:
+                if event != Event.INIT and self._is_destination_only(listener) and not _is_oom(err):
+                    # Like its log_* calls, a logger failing mid-run (disk full, network) must
+                    # not stop training; at INIT its set-up errors still stop the run early.
+                    self.logger.report_failure(listener, event.value, err)
+                    continue
                 _raise_with_context(err, CallbackError, f"callback {_name(listener)}", event)
         return traces
 
@@ -124,6 +129,11 @@ class Engine:
             traces.append(trace)
             self.history.append(trace)
         return traces
+
+    def _is_destination_only(self, listener: object) -> bool:
+        return any(d is listener for d in self.logger.destinations) and not any(
+            c is listener for c in self.state.callbacks
+        )
 
     def _adopt_declared_passes(self) -> None:
         # Algorithms may carry the ordering rules they need (``ordering_passes``, a class
@@ -181,8 +191,9 @@ class Engine:
         return problems
 
     def close(self) -> None:
-        """Check required events, then close every callback and logger destination, once each."""
-        self.check_required_events()
+        """Check required events (if anything trained), then close callbacks and destinations."""
+        if Event.BATCH_START in self.fired:  # an eval- or predict-only use needs no training events
+            self.check_required_events()
         closed = set(map(id, self.logger.destinations))
         for callback in self.state.callbacks:
             if id(callback) not in closed and hasattr(callback, "close"):

@@ -61,14 +61,18 @@ class Logger:
             try:
                 fn(*args)
             except Exception as err:
-                if id(dest) not in self._warned:
-                    self._warned.add(id(dest))
-                    warnings.warn(
-                        f"logger destination {type(dest).__name__}.{method} failed ({err!r}); "
-                        "training continues, further errors from it are not reported",
-                        RuntimeWarning,
-                        stacklevel=3,
-                    )
+                self.report_failure(dest, method, err)
+
+    def report_failure(self, destination: object, method: str, err: Exception) -> None:
+        """Warn once per destination that it failed; training goes on."""
+        if id(destination) not in self._warned:
+            self._warned.add(id(destination))
+            warnings.warn(
+                f"logger destination {type(destination).__name__}.{method} failed ({err!r}); "
+                "training continues, further errors from it are not reported",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _step(self, step: int | None) -> int:
         if step is not None:

@@ -123,8 +123,8 @@ class Trainer:
         )
         self.logger = Logger(destinations, state)
         self.engine = Engine(state, self.logger)
-        self.logger.log_hyperparameters(self._hyperparameters())
         prepare_run(state, self.engine, schedulers=schedulers)
+        self.logger.log_hyperparameters(self._hyperparameters())  # destinations started at INIT
         self._last_eval_batch = -1
         self.last_eval: dict[str, Any] = {}
         """Metrics of the most recent evaluation (during fit or by `eval`)."""

@@ -1,0 +1,94 @@
+"""`ConsoleLogger`: the latest metrics as plain lines, every so many batches, on rank 0."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import IO, Any
+
+from trainkit.core import (
+    Callback,
+    Event,
+    Logger,
+    LoggerDestination,
+    State,
+    Time,
+    dist,
+    interval_trigger,
+)
+from trainkit.loggers._common import to_python
+
+__all__ = ["ConsoleLogger"]
+
+
+def _is_eval(key: str) -> bool:
+    return key.startswith("metrics/") and not key.startswith("metrics/train/")
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.5g}"
+    return str(value)
+
+
+class ConsoleLogger(Callback, LoggerDestination):
+    """Prints every metric logged since the last line, every ``interval``, on rank 0 only.
+
+    Training metrics go out as ``[epoch 0 batch 100/400] loss/train/total: 0.6931 ...`` at
+    the interval (and at the last batch); evaluation metrics as one ``[eval at batch N]``
+    line after each evaluation. Values are converted to numbers only when printed.
+
+    Args:
+        interval: how often to print: ``"100ba"``, ``"1ep"``, ``"0.1dur"``, ...
+        stream: where to print (default: standard output).
+        print_hyperparameters: print the run's configuration once, at the start.
+    """
+
+    def __init__(
+        self,
+        interval: str | int | Time = "100ba",
+        *,
+        stream: IO[str] | None = None,
+        print_hyperparameters: bool = True,
+    ):
+        self._trigger = interval_trigger(interval)
+        self.stream = stream
+        self.print_hyperparameters = print_hyperparameters
+        self._pending: dict[str, Any] = {}
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        if self.print_hyperparameters and dist.get_rank() == 0:
+            pairs = "  ".join(f"{k}: {v}" for k, v in hyperparameters.items())
+            self._print(f"[hyperparameters] {pairs}")
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        self._pending.update(metrics)  # sorted out only when printed
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self._trigger(state, Event.BATCH_END):
+            ts, length = state.timestamp, state.dataloader_len
+            of = f"/{length}" if length else ""
+            self._print_train(state, f"[epoch {ts.epoch} batch {ts.batch_in_epoch}{of}]")
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        if self._trigger(state, Event.EPOCH_END):
+            # The timestamp has already moved to the next epoch.
+            self._print_train(state, f"[end of epoch {state.timestamp.epoch - 1}]")
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        self._print_some(state, f"[eval at batch {state.timestamp.batch}]", evaluation=True)
+
+    def _print_train(self, state: State, where: str) -> None:
+        self._print_some(state, where, evaluation=False)
+
+    def _print_some(self, state: State, where: str, *, evaluation: bool) -> None:
+        """Print (on rank 0) and forget the pending training or evaluation metrics."""
+        chosen = {k: v for k, v in self._pending.items() if _is_eval(k) == evaluation}
+        for key in chosen:
+            del self._pending[key]
+        if state.rank == 0 and chosen:
+            ((_, _, converted),) = to_python([(0, 0.0, chosen)])
+            self._print(f"{where} " + "  ".join(f"{k}: {_format(v)}" for k, v in converted.items()))
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream or sys.stdout, flush=True)

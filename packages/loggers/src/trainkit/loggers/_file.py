@@ -1,0 +1,110 @@
+"""`FileLogger`: metrics and hyperparameters as JSON lines, one file per run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from trainkit.core import State
+from trainkit.loggers._common import BufferedDestination, Record, resolve_folder
+
+__all__ = ["FileLogger", "read_jsonl"]
+
+
+class FileLogger(BufferedDestination):
+    """Writes ``{folder}/{filename}``: one JSON object per line, appended, readable while training.
+
+    Lines are ``{"step": 12, "time": <unix s>, "metrics": {"loss/train/total": 0.69, ...}}``
+    and, once per run, ``{"time": ..., "hyperparameters": {...}}``. Logged values are kept
+    as they are (tensors stay on their device) and written every ``flush_interval``
+    seconds, at the end of `fit`, and on `close`: no device sync and no file write per
+    step. A resumed run appends to the same file. Non-finite values are written as
+    ``NaN`` / ``Infinity`` (what Python's json module reads back). Logged tensors must not
+    be changed in place before they are written.
+
+    Args:
+        folder: the run's folder; ``{run_name}`` and ``{rank}`` are filled in at the start.
+        filename: the file's name inside ``folder`` (may also contain ``{rank}``).
+        flush_interval: seconds between writes (0: write at every call).
+        rank_zero_only: only rank 0 writes (the others do nothing).
+    """
+
+    def __init__(
+        self,
+        folder: str | Path = "runs/{run_name}",
+        *,
+        filename: str = "metrics.jsonl",
+        flush_interval: float = 5.0,
+        rank_zero_only: bool = True,
+    ):
+        super().__init__(flush_interval=flush_interval, rank_zero_only=rank_zero_only)
+        self.folder_template = folder
+        self.filename = filename
+        self._file: IO[str] | None = None
+        self._path: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        """The JSON-lines file (final once the run has started)."""
+        if self._path is not None:
+            return self._path
+        folder = resolve_folder(self.folder_template, self._state)
+        return folder / resolve_folder(self.filename, self._state)
+
+    def _start(self, state: State | None) -> None:
+        path = self.path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")
+        except OSError as err:
+            raise OSError(
+                f"FileLogger cannot write {str(path)!r} ({err.strerror or err}); give a folder "
+                "that can be created and written, e.g. FileLogger('runs/{run_name}')"
+            ) from err
+        self._path = path
+
+    def _write(self, records: list[Record]) -> None:
+        self._append(
+            json.dumps({"step": step, "time": when, "metrics": values}, default=str)
+            for step, when, values in records
+        )
+
+    def _append(self, lines: Any) -> None:
+        assert self._file is not None
+        self._file.write("".join(line + "\n" for line in lines))
+        self._file.flush()
+
+    def _finish(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        line = {"time": time.time(), "hyperparameters": hyperparameters}
+        self._append([json.dumps(line, default=str)])
+
+    def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
+        """Copy ``path`` to ``name`` inside the run's folder."""
+        if not self._enabled():
+            return
+        target = self.path.parent / name
+        if target.exists() and not overwrite:
+            raise FileExistsError(f"{str(target)!r} exists; pass overwrite=True to replace it")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a `FileLogger` file, skipping a last line still being written."""
+    records = []
+    with Path(path).open(encoding="utf-8") as file:
+        for line in file:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if line.endswith("\n"):
+                    raise
+    return records

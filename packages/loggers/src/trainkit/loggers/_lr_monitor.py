@@ -1,0 +1,55 @@
+"""`LRMonitor`: the learning rate of every optimizer parameter group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from trainkit.core import Callback, Event, Logger, State, Time, interval_trigger
+
+__all__ = ["LRMonitor", "optimizer_names"]
+
+
+def optimizer_names(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]:
+    """``["AdamW", "SGD", "SGD.1"]``: class names, numbered when repeated."""
+    names, seen = [], {}
+    for optimizer in optimizers:
+        name = type(optimizer).__name__
+        seen[name] = seen.get(name, -1) + 1
+        names.append(name if seen[name] == 0 else f"{name}.{seen[name]}")
+    return names
+
+
+class LRMonitor(Callback):
+    """Logs ``lr/<Optimizer>/group<i>`` for every parameter group, every ``interval``.
+
+    The value is the one the next optimizer step will use (read after the schedulers
+    stepped). A learning rate held in a tensor is logged as the tensor: no device sync.
+
+    Args:
+        interval: how often: ``"1ba"`` (default), ``"10ba"``, ``"1ep"``, ...
+    """
+
+    def __init__(self, interval: str | int | Time = "1ba"):
+        self._trigger = interval_trigger(interval, at_end=False)
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self._trigger(state, Event.BATCH_END):
+            self._log(state, logger)
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        if self._trigger(state, Event.EPOCH_END):
+            self._log(state, logger)
+
+    @staticmethod
+    def _log(state: State, logger: Logger) -> None:
+        logger.log_metrics(
+            {
+                f"lr/{name}/group{index}": group["lr"]
+                for name, optimizer in zip(
+                    optimizer_names(state.optimizers), state.optimizers, strict=True
+                )
+                for index, group in enumerate(optimizer.param_groups)
+            }
+        )

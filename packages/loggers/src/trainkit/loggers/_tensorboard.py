@@ -1,0 +1,88 @@
+"""`TensorBoardLogger`: scalars, hyperparameters and images as TensorBoard event files."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainkit.core import State
+from trainkit.loggers._common import (
+    BufferedDestination,
+    Record,
+    import_extra,
+    numeric,
+    resolve_folder,
+)
+
+__all__ = ["TensorBoardLogger"]
+
+
+class TensorBoardLogger(BufferedDestination):
+    """Writes event files under ``log_dir`` (``tensorboard --logdir runs`` shows them).
+
+    Numeric metrics become scalars at their step; hyperparameters become a text summary
+    (a Markdown table) named ``hyperparameters``; images go through ``add_images``.
+
+    Args:
+        log_dir: the event files' folder; ``{run_name}`` and ``{rank}`` are filled in.
+        flush_interval: seconds between writes to the event file.
+        rank_zero_only: only rank 0 writes.
+
+    Raises:
+        ImportError: tensorboard is not installed
+            (``pip install "trainkit-loggers[tensorboard]"``).
+    """
+
+    def __init__(
+        self,
+        log_dir: str | Path = "runs/{run_name}/tensorboard",
+        *,
+        flush_interval: float = 5.0,
+        rank_zero_only: bool = True,
+    ):
+        super().__init__(flush_interval=flush_interval, rank_zero_only=rank_zero_only)
+        import_extra("tensorboard", "tensorboard")  # torch's SummaryWriter needs it
+        self.log_dir_template = log_dir
+        self.writer: Any = None
+
+    @property
+    def log_dir(self) -> Path:
+        return resolve_folder(self.log_dir_template, self._state)
+
+    def _start(self, state: State | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def _write(self, records: list[Record]) -> None:
+        for step, when, values in records:
+            for key, value in values.items():
+                number = numeric(value)
+                if number is not None:
+                    self.writer.add_scalar(key, number, global_step=step, walltime=when)
+        self.writer.flush()
+
+    def _finish(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def _write_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        rows = "\n".join(f"| {k} | {v} |" for k, v in hyperparameters.items())
+        self.writer.add_text("hyperparameters", f"| name | value |\n|---|---|\n{rows}")
+
+    def log_images(self, name: str, images: torch.Tensor | Sequence[Any], step: int) -> None:
+        if not self._enabled():
+            return
+        self.flush()
+        if isinstance(images, torch.Tensor):
+            batch = images.detach().cpu()
+        else:
+            batch = torch.stack([torch.as_tensor(image).detach().cpu() for image in images])
+        if batch.ndim == 3:
+            batch = batch.unsqueeze(0)
+        layout = "NCHW" if batch.shape[1] in (1, 3, 4) else "NHWC"
+        self.writer.add_images(name, batch, global_step=step, dataformats=layout)

@@ -1,0 +1,73 @@
+"""`MemoryMonitor`: the device allocator's statistics and the process's resident memory."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Any
+
+import psutil
+import torch
+
+from trainkit.core import Callback, Event, Logger, State, Time, interval_trigger
+
+__all__ = ["MemoryMonitor"]
+
+_GIB = 2**30
+# CUDA caching allocator statistics worth watching, and the names they are logged under.
+_CUDA_STATS = {
+    "allocated_bytes.all.current": "memory/allocated_gib",
+    "allocated_bytes.all.peak": "memory/peak_allocated_gib",
+    "active_bytes.all.current": "memory/active_gib",
+    "reserved_bytes.all.current": "memory/reserved_gib",
+    "reserved_bytes.all.peak": "memory/peak_reserved_gib",
+    "num_alloc_retries": "memory/alloc_retries",
+    "num_ooms": "memory/ooms",
+}
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+class MemoryMonitor(Callback):
+    """Logs memory use at the end of a batch, every ``interval``.
+
+    On CUDA, the caching allocator's statistics (``torch.cuda.memory_stats``; host-side
+    counters, no device sync): allocated, active and reserved GiB, their peaks since the
+    start, allocation retries (a sign of fragmentation) and out-of-memory count. On MPS,
+    the allocated and driver GiB. Always, the process's resident set size and its peak
+    (``memory/rss_gib``, ``memory/peak_rss_gib``), via psutil.
+
+    Args:
+        interval: how often: ``"10ba"`` (default), ``"1ba"``, ``"1ep"``, ...
+    """
+
+    def __init__(self, interval: str | int | Time = "10ba"):
+        self._trigger = interval_trigger(interval, at_end=False)
+        self._process = psutil.Process()
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self._trigger(state, Event.BATCH_END):
+            logger.log_metrics(self.measure(state.device))
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        if self._trigger(state, Event.EPOCH_END):
+            logger.log_metrics(self.measure(state.device))
+
+    def measure(self, device: torch.device) -> dict[str, Any]:
+        """The memory figures now, for ``device``."""
+        metrics: dict[str, Any] = {
+            "memory/rss_gib": self._process.memory_info().rss / _GIB,
+            "memory/peak_rss_gib": _peak_rss_bytes() / _GIB,
+        }
+        if device.type == "cuda":
+            stats = torch.cuda.memory_stats(device)
+            for stat, key in _CUDA_STATS.items():
+                value = stats.get(stat, 0)
+                metrics[key] = value / _GIB if key.endswith("_gib") else value
+        elif device.type == "mps":
+            metrics["memory/allocated_gib"] = torch.mps.current_allocated_memory() / _GIB
+            metrics["memory/driver_gib"] = torch.mps.driver_allocated_memory() / _GIB
+        return metrics

@@ -1,0 +1,91 @@
+"""ConsoleLogger prints at its interval on rank 0; InMemoryLogger keeps the history."""
+
+import io
+
+import pytest
+import torch
+
+from toy import blobs, loader, mlp
+from trainkit.core import Trainer
+from trainkit.loggers import ConsoleLogger, InMemoryLogger
+
+
+def _fit(*loggers, duration="2ep", **kwargs):
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(64)),
+        eval_dataloader=loader(blobs(32), shuffle=False),
+        max_duration=duration,
+        device="cpu",
+        progress_bar=False,
+        seed=0,
+        loggers=list(loggers),
+        **kwargs,
+    )
+    trainer.fit()
+    trainer.close()
+    return trainer
+
+
+def test_console_prints_every_interval_and_after_each_eval():
+    out = io.StringIO()
+    _fit(ConsoleLogger("3ba", stream=out))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[hyperparameters] run_name: ")
+    train = [line for line in lines if line.startswith("[epoch")]
+    # Batches 3 and 6 cross the interval; batch 8 is the last one.
+    assert [line.split("]")[0] for line in train] == [
+        "[epoch 0 batch 3/4",
+        "[epoch 1 batch 2/4",
+        "[epoch 1 batch 4/4",
+    ]
+    assert all("loss/train/total: " in line for line in train)
+    evals = [line for line in lines if line.startswith("[eval at batch")]
+    assert [line.split("]")[0] for line in evals] == ["[eval at batch 4", "[eval at batch 8"]
+    assert "metrics/eval/accuracy: " in evals[0] and "loss/train" not in evals[0]
+
+
+def test_console_epoch_interval():
+    out = io.StringIO()
+    _fit(ConsoleLogger("1ep", stream=out, print_hyperparameters=False))
+    train = [line for line in out.getvalue().splitlines() if not line.startswith("[eval")]
+    assert [line.split("]")[0] for line in train] == ["[end of epoch 0", "[end of epoch 1"]
+
+
+def test_console_is_silent_on_other_ranks(monkeypatch):
+    from trainkit.core import dist
+
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    out = io.StringIO()
+    _fit(ConsoleLogger("1ba", stream=out), duration="2ba")
+    assert out.getvalue() == ""
+
+
+def test_console_rejects_a_bad_interval():
+    with pytest.raises(ValueError, match="is not a duration"):
+        ConsoleLogger("every batch")
+
+
+def test_in_memory_keeps_latest_and_history():
+    memory = InMemoryLogger()
+    _fit(memory, duration="3ba")
+    assert [step for step, _ in memory.history("loss/train/total")] == [1, 2, 3]
+    assert all(isinstance(value, float) for _, value in memory.history("loss/train/total"))
+    assert memory.latest["loss/train/total"] == memory.history("loss/train/total")[-1][1]
+    assert memory.hyperparameters["max_duration"] == "3ba"
+    assert "metrics/eval/accuracy" in memory.keys
+    with pytest.raises(KeyError, match="no metric 'nope' was logged; logged: "):
+        memory.history("nope")
+
+
+def test_in_memory_does_not_read_values_when_logging(sync_counter):
+    memory = InMemoryLogger()
+    value = torch.tensor(2.0, requires_grad=True) * 1
+    with sync_counter() as counter:
+        memory.log_metrics({"x": value, "y": 3}, step=7)
+    assert counter.count == 0
+    with sync_counter() as reading:
+        assert memory.latest == {"x": 2.0, "y": 3}
+    assert reading.count == 1  # the counter does see reads: this one is where it belongs
+    memory.log_images("samples", torch.zeros(2, 3, 4, 4), step=7)
+    assert memory.images[0][:2] == ("samples", 7)

@@ -1,0 +1,78 @@
+"""``trainkit plot RUN_DIR``: PNG curves from a FileLogger run."""
+
+import runpy
+import sys
+
+import pytest
+
+from toy import blobs, loader, mlp
+from trainkit.core import Callback, LinearScheduler, Trainer
+from trainkit.loggers import FileLogger, LRMonitor
+from trainkit.loggers.plot import main, plot_run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+class FakeThroughput(Callback):
+    """Logs throughput as trainkit-profiler's SpeedMonitor does (same keys)."""
+
+    def batch_end(self, state, logger):
+        logger.log_metrics({"throughput/samples_per_sec": 100.0 + state.timestamp.batch})
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runs") / "plotted"
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(64)),
+        eval_dataloader=loader(blobs(32), shuffle=False),
+        max_duration="3ep",
+        schedulers=LinearScheduler(),
+        device="cpu",
+        progress_bar=False,
+        loggers=[FileLogger(folder)],
+        callbacks=[LRMonitor(), FakeThroughput()],
+    )
+    trainer.fit()
+    trainer.close()
+    return folder
+
+
+def test_plot_writes_loss_lr_and_throughput_pngs(run_dir, capsys):
+    assert main([str(run_dir)]) == 0
+    for name in ("loss.png", "lr.png", "throughput.png"):
+        data = (run_dir / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000
+    assert capsys.readouterr().out.split() == [
+        str(run_dir / n) for n in ("loss.png", "lr.png", "throughput.png")
+    ]
+
+
+def test_plot_to_another_folder_and_only_what_was_logged(tmp_path):
+    source = tmp_path / "run"
+    logger = FileLogger(source, flush_interval=0)
+    for step in range(1, 4):
+        logger.log_metrics({"loss/train/total": 1.0 / step}, step)
+    logger.close()
+    assert plot_run(source, out_dir=tmp_path / "pngs") == [tmp_path / "pngs" / "loss.png"]
+
+
+def test_plot_says_what_is_wrong(tmp_path, capsys):
+    assert main([str(tmp_path / "missing")]) == 1
+    assert "no metrics file" in capsys.readouterr().err
+    logger = FileLogger(tmp_path / "other", flush_interval=0)
+    logger.log_metrics({"accuracy": 0.5}, 1)
+    logger.close()
+    assert main([str(tmp_path / "other")]) == 1
+    err = capsys.readouterr().err
+    assert "no loss ('loss/...'), learning rate" in err and "it has: ['accuracy']" in err
+
+
+def test_runs_as_a_module(run_dir, monkeypatch):
+    monkeypatch.delitem(sys.modules, "trainkit.loggers.plot")  # as in a fresh `python -m`
+    monkeypatch.setattr(sys, "argv", ["plot", str(run_dir), "--out", str(run_dir / "again")])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("trainkit.loggers.plot", run_name="__main__")
+    assert exit_.value.code == 0
+    assert (run_dir / "again" / "loss.png").read_bytes().startswith(PNG)
