@@ -80,3 +80,17 @@ def test_refuses_once_the_optimizer_has_state():
             optimizers=optimizer,
             method="squeeze_excite",
         )
+
+
+def test_tuple_of_types_as_a_key():
+    model = net()
+    replaced = replace_modules(model, {(nn.ReLU, nn.Sequential): lambda m, i: nn.Identity()})
+    assert sorted(replaced) == ["1", "3"]
+
+
+def test_nested_matches_are_replaced_once_at_the_outermost_level():
+    model = nn.Sequential(nn.Sequential(nn.Sequential(nn.Linear(2, 2))))
+    replaced = replace_modules(model, {nn.Sequential: lambda m, i: Doubler(m)})
+    assert list(replaced) == ["0"]
+    assert [n for n, _ in model.named_children()] == ["0"]  # no dangling children
+    assert isinstance(model[0].inner[0], nn.Sequential)

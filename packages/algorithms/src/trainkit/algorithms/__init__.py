@@ -11,25 +11,238 @@ from trainkit.algorithms._surgery import (
     rebind_after_surgery,
     replace_modules,
 )
+from trainkit.algorithms.alibi import (
+    Alibi,
+    AlibiAttention,
+    AlibiConfig,
+    ZeroPositionEmbedding,
+    alibi_bias,
+    alibi_slopes,
+    apply_alibi,
+)
+from trainkit.algorithms.augmix import AugMix, AugMixConfig, augmix_batch, augmix_image
+from trainkit.algorithms.blurpool import (
+    BlurConv2d,
+    BlurMaxPool2d,
+    BlurPool,
+    BlurPoolConfig,
+    apply_blurpool,
+    blur_2d,
+)
+from trainkit.algorithms.channels_last import ChannelsLast, ChannelsLastConfig, apply_channels_last
+from trainkit.algorithms.colout import ColOut, ColOutConfig, colout_batch
+from trainkit.algorithms.cutmix import CutMix, CutMixConfig, cutmix_batch, random_box
+from trainkit.algorithms.cutout import CutOut, CutOutConfig, cutout_batch
+from trainkit.algorithms.early_stopper import EarlyStopper, EarlyStopperConfig
 from trainkit.algorithms.ema import EMA, EMAConfig, compute_ema
+from trainkit.algorithms.factorize import (
+    Factorize,
+    FactorizeConfig,
+    FactorizedConv2d,
+    FactorizedLinear,
+    apply_factorize,
+    low_rank_factors,
+)
+from trainkit.algorithms.gated_linear_units import (
+    GatedIntermediate,
+    GatedLinearUnits,
+    GatedLinearUnitsConfig,
+    apply_gated_linear_units,
+)
+from trainkit.algorithms.ghost_batchnorm import (
+    GhostBatchNorm,
+    GhostBatchNormConfig,
+    GhostBatchNormLayer,
+    apply_ghost_batchnorm,
+)
 from trainkit.algorithms.gradient_clipping import (
     GradientClipping,
     GradientClippingConfig,
     apply_gradient_clipping,
 )
+from trainkit.algorithms.label_smoothing import LabelSmoothing, LabelSmoothingConfig, smooth_labels
+from trainkit.algorithms.layer_freezing import (
+    LayerFreezing,
+    LayerFreezingConfig,
+    freeze_layers,
+    frozen_fraction,
+)
+from trainkit.algorithms.low_precision_groupnorm import (
+    LowPrecisionGroupNorm,
+    LowPrecisionGroupNormConfig,
+    LPGroupNorm,
+    apply_low_precision_groupnorm,
+)
+from trainkit.algorithms.low_precision_layernorm import (
+    LowPrecisionLayerNorm,
+    LowPrecisionLayerNormConfig,
+    LPLayerNorm,
+    apply_low_precision_layernorm,
+)
+from trainkit.algorithms.mixup import MixUp, MixUpConfig, mixup_batch
+from trainkit.algorithms.progressive_resizing import (
+    ProgressiveResizing,
+    ProgressiveResizingConfig,
+    resize_batch,
+    resizing_scale,
+)
+from trainkit.algorithms.randaugment import (
+    RandAugment,
+    RandAugmentConfig,
+    randaugment_batch,
+    randaugment_image,
+)
+from trainkit.algorithms.sam import SAM, SAMConfig, sam_gradient
+from trainkit.algorithms.selective_backprop import (
+    SelectiveBackprop,
+    SelectiveBackpropConfig,
+    per_sample_losses,
+    select_high_loss,
+    should_select,
+)
+from trainkit.algorithms.seq_length_warmup import (
+    SeqLengthWarmup,
+    SeqLengthWarmupConfig,
+    set_batch_sequence_length,
+    warmup_sequence_length,
+)
+from trainkit.algorithms.squeeze_excite import (
+    SqueezeExcite,
+    SqueezeExcite2d,
+    SqueezeExciteConfig,
+    SqueezeExciteConv2d,
+    apply_squeeze_excite,
+)
+from trainkit.algorithms.stochastic_depth import (
+    StochasticBlock,
+    StochasticDepth,
+    StochasticDepthConfig,
+    apply_stochastic_depth,
+)
+from trainkit.algorithms.swa import SWA, SWAConfig, recompute_batchnorm, update_average
+from trainkit.algorithms.threshold_stopper import ThresholdStopper, ThresholdStopperConfig
+from trainkit.algorithms.weight_standardization import (
+    WeightStandardization,
+    WeightStandardizationConfig,
+    apply_weight_standardization,
+    standardize_weight,
+)
 
 __all__ = [
     "EMA",
+    "SAM",
     "STANDARD_PASSES",
+    "SWA",
+    "Alibi",
+    "AlibiAttention",
+    "AlibiConfig",
+    "AugMix",
+    "AugMixConfig",
+    "BlurConv2d",
+    "BlurMaxPool2d",
+    "BlurPool",
+    "BlurPoolConfig",
+    "ChannelsLast",
+    "ChannelsLastConfig",
+    "ColOut",
+    "ColOutConfig",
+    "CutMix",
+    "CutMixConfig",
+    "CutOut",
+    "CutOutConfig",
     "EMAConfig",
+    "EarlyStopper",
+    "EarlyStopperConfig",
+    "Factorize",
+    "FactorizeConfig",
+    "FactorizedConv2d",
+    "FactorizedLinear",
+    "GatedIntermediate",
+    "GatedLinearUnits",
+    "GatedLinearUnitsConfig",
+    "GhostBatchNorm",
+    "GhostBatchNormConfig",
+    "GhostBatchNormLayer",
     "GradientClipping",
     "GradientClippingConfig",
+    "LPGroupNorm",
+    "LPLayerNorm",
+    "LabelSmoothing",
+    "LabelSmoothingConfig",
+    "LayerFreezing",
+    "LayerFreezingConfig",
+    "LowPrecisionGroupNorm",
+    "LowPrecisionGroupNormConfig",
+    "LowPrecisionLayerNorm",
+    "LowPrecisionLayerNormConfig",
+    "MixUp",
+    "MixUpConfig",
     "Policy",
+    "ProgressiveResizing",
+    "ProgressiveResizingConfig",
+    "RandAugment",
+    "RandAugmentConfig",
+    "SAMConfig",
+    "SWAConfig",
+    "SelectiveBackprop",
+    "SelectiveBackpropConfig",
+    "SeqLengthWarmup",
+    "SeqLengthWarmupConfig",
+    "SqueezeExcite",
+    "SqueezeExcite2d",
+    "SqueezeExciteConfig",
+    "SqueezeExciteConv2d",
+    "StochasticBlock",
+    "StochasticDepth",
+    "StochasticDepthConfig",
+    "ThresholdStopper",
+    "ThresholdStopperConfig",
+    "WeightStandardization",
+    "WeightStandardizationConfig",
+    "ZeroPositionEmbedding",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_alibi",
+    "apply_blurpool",
+    "apply_channels_last",
+    "apply_factorize",
+    "apply_gated_linear_units",
+    "apply_ghost_batchnorm",
     "apply_gradient_clipping",
+    "apply_low_precision_groupnorm",
+    "apply_low_precision_layernorm",
+    "apply_squeeze_excite",
+    "apply_stochastic_depth",
+    "apply_weight_standardization",
+    "augmix_batch",
+    "augmix_image",
+    "blur_2d",
     "check_surgery_allowed",
+    "colout_batch",
     "compute_ema",
+    "cutmix_batch",
+    "cutout_batch",
+    "freeze_layers",
+    "frozen_fraction",
+    "low_rank_factors",
+    "mixup_batch",
     "order_by_role",
+    "per_sample_losses",
+    "randaugment_batch",
+    "randaugment_image",
+    "random_box",
     "rebind_after_surgery",
+    "recompute_batchnorm",
     "replace_modules",
+    "resize_batch",
+    "resizing_scale",
+    "sam_gradient",
+    "select_high_loss",
+    "set_batch_sequence_length",
+    "should_select",
+    "smooth_labels",
+    "standardize_weight",
+    "update_average",
+    "warmup_sequence_length",
     "warn_on_combined_loss_interpolation",
 ]

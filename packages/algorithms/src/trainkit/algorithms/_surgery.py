@@ -20,11 +20,13 @@ __all__ = ["Policy", "check_surgery_allowed", "rebind_after_surgery", "replace_m
 Policy = Callable[[nn.Module, int], nn.Module | None]
 """``(module, index) -> replacement`` (or None to keep it); ``index`` counts matches so far."""
 
-Matcher = type[nn.Module] | Callable[[nn.Module], bool]
+Matcher = type[nn.Module] | tuple[type[nn.Module], ...] | Callable[[nn.Module], bool]
 
 
 def _matches(matcher: Matcher, module: nn.Module) -> bool:
-    return isinstance(module, matcher) if isinstance(matcher, type) else bool(matcher(module))
+    if isinstance(matcher, type | tuple):
+        return isinstance(module, matcher)
+    return bool(matcher(module))
 
 
 def replace_modules(
@@ -52,6 +54,8 @@ def replace_modules(
     for name, module in list(model.named_modules()):
         if not name:
             continue  # the root cannot replace itself in place
+        if any(name.startswith(f"{done}.") for done in replaced):
+            continue  # inside a module already replaced: the replacement owns it now
         for key, (matcher, policy) in enumerate(policies.items()):
             if not _matches(matcher, module):
                 continue

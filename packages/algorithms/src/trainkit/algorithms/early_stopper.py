@@ -1,0 +1,104 @@
+"""Early stopping: stop training when a metric has not improved for a while.
+
+A `Callback` (entry-point group ``trainkit.callbacks``). The metric is read after every
+evaluation (``dataloader_label`` names the eval set) or, for ``"train"``, at the end of
+every epoch. Training stops (``state.stop_training()``) once ``patience`` has passed since
+the best value: a number of checks, or a time in epochs or batches. Its state is saved
+with the run, so a resumed run remembers the best value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainkit.algorithms._monitor import Mode, check_mode, check_monitor, improves, read_metric
+from trainkit.core import Callback, Logger, State, TimeUnit, ensure_time
+
+__all__ = ["EarlyStopper", "EarlyStopperConfig"]
+
+
+@dataclass(kw_only=True)
+class EarlyStopperConfig:
+    monitor: str
+    """Name of the metric to watch (as the model's ``get_metrics`` names it, e.g. "accuracy")."""
+    dataloader_label: str = "eval"
+    """Eval set whose metric is watched, or "train" for the training metric."""
+    mode: Mode | None = None
+    """"max" or "min"; None: "min" for names with loss, entropy, perplexity or error."""
+    min_delta: float = 0.0
+    """A change must beat the best by more than this to count as improvement; >= 0."""
+    patience: int | str = 1
+    """Checks without improvement before stopping (an int), or a time ('2ep', '500ba')."""
+
+    def __post_init__(self) -> None:
+        self.mode = check_mode(self.monitor, self.mode)
+        if not self.min_delta >= 0:
+            raise ValueError(f"min_delta must be non-negative, got {self.min_delta}")
+        if isinstance(self.patience, bool) or (
+            isinstance(self.patience, int) and self.patience < 1
+        ):
+            raise ValueError(
+                f"patience must be a positive int or a time such as '2ep', got {self.patience!r}"
+            )
+        if isinstance(self.patience, str):
+            time = ensure_time(self.patience, "patience")
+            if time.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or time.value < 1:
+                raise ValueError(
+                    f"patience {self.patience!r} must be a positive number of epochs or batches"
+                )
+
+
+class EarlyStopper(Callback):
+    """Stops training when ``monitor`` stops improving (see `EarlyStopperConfig`)."""
+
+    def __init__(
+        self,
+        monitor: str,
+        dataloader_label: str = "eval",
+        mode: Mode | None = None,
+        min_delta: float = 0.0,
+        patience: int | str = 1,
+    ):
+        self.config = EarlyStopperConfig(
+            monitor=monitor,
+            dataloader_label=dataloader_label,
+            mode=mode,
+            min_delta=min_delta,
+            patience=patience,
+        )
+        self.best: float | None = None
+        self.best_at = 0  # in checks, epochs or batches (the unit of patience)
+        self.checks = 0
+        patience_time = ensure_time(patience, "patience") if isinstance(patience, str) else None
+        self._unit = patience_time.unit if patience_time else None
+        self._patience = patience_time.value if patience_time else int(patience)
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        check_monitor(state, self.config.dataloader_label, self.config.monitor, "EarlyStopper")
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        if self.config.dataloader_label == "train":
+            self._check(state, logger)
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        if self.config.dataloader_label != "train":
+            self._check(state, logger)
+
+    def _check(self, state: State, logger: Logger) -> None:
+        cfg = self.config
+        value = read_metric(state, cfg.dataloader_label, cfg.monitor)
+        self.checks += 1
+        now = self.checks if self._unit is None else state.timestamp.get(self._unit)
+        assert cfg.mode is not None
+        if improves(value, self.best, cfg.mode, cfg.min_delta):
+            self.best, self.best_at = value, now
+        elif now - self.best_at >= self._patience:
+            logger.log_metrics({"early_stopper/stopped_at_batch": state.timestamp.batch})
+            state.stop_training()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_at": self.best_at, "checks": self.checks}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_at, self.checks = state["best"], state["best_at"], state["checks"]

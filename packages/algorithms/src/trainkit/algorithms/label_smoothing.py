@@ -1,0 +1,80 @@
+"""Label smoothing (Szegedy et al. 2016): train against ``(1 - s) * one_hot(y) + s / K``.
+
+At BEFORE_LOSS the batch's targets are replaced by the smoothed distribution (K classes
+read from the outputs' dim 1), and restored at AFTER_LOSS, so metrics and other methods
+see the original targets. The model's loss must accept class probabilities as targets,
+as ``F.cross_entropy`` does: for it, this equals ``cross_entropy(..., label_smoothing=s)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainkit.algorithms._batch import Key, get_item, set_item
+from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.core import Event, Logger, State
+
+__all__ = ["LabelSmoothing", "LabelSmoothingConfig", "smooth_labels"]
+
+
+@dataclass(kw_only=True)
+class LabelSmoothingConfig:
+    smoothing: float = 0.1
+    """Share of the probability spread uniformly over the classes; in [0, 1)."""
+    target_key: Key = 1
+    """Where the batch keeps its targets (a position or a dict key)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing}")
+
+
+def smooth_labels(
+    logits: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1
+) -> torch.Tensor:
+    """Smoothed class probabilities, shaped like ``logits`` (classes along dim 1).
+
+    ``target`` is class indices (logits' shape without dim 1) or probabilities (logits'
+    shape); either way the result is ``(1 - smoothing) * probabilities + smoothing / K``.
+    """
+    LabelSmoothingConfig(smoothing=smoothing)
+    num_classes = logits.shape[1]
+    if target.shape == logits.shape and target.is_floating_point():
+        probabilities = target
+    elif target.dtype in (torch.int64, torch.int32) and target.ndim == logits.ndim - 1:
+        probabilities = F.one_hot(target.long(), num_classes).movedim(-1, 1)
+    else:
+        raise ValueError(
+            f"label smoothing needs class indices shaped {tuple(logits.shape[:1] + logits.shape[2:])} "
+            f"or probabilities shaped {tuple(logits.shape)}; got {target.dtype} targets shaped "
+            f"{tuple(target.shape)}"
+        )
+    return probabilities.to(logits.dtype) * (1.0 - smoothing) + smoothing / num_classes
+
+
+class LabelSmoothing:
+    """Smooths the targets the loss sees (see `LabelSmoothingConfig`)."""
+
+    ordering_passes = STANDARD_PASSES
+    composition_role = "interpolates_loss"
+
+    def __init__(self, smoothing: float = 0.1, *, target_key: Key = 1):
+        self.config = LabelSmoothingConfig(smoothing=smoothing, target_key=target_key)
+        self._original: Any = None
+
+    def match(self, event: Event, state: State) -> bool:
+        return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        key = self.config.target_key
+        if event == Event.BEFORE_LOSS:
+            self._original = get_item(state.batch, key, "label_smoothing")
+            smoothed = smooth_labels(state.outputs, self._original, self.config.smoothing)
+            state.batch = set_item(state.batch, key, smoothed)
+        elif self._original is not None:
+            state.batch = set_item(state.batch, key, self._original)
+            self._original = None

@@ -1,0 +1,171 @@
+"""Progressive resizing (fast.ai; Touvron et al. 2019): train on small images first, then full size.
+
+Training images are shrunk by a scale that stays ``initial_scale`` until
+``delay_fraction`` of training, grows linearly to 1 until ``1 - finetune_fraction``, and is
+1 for the final stretch, so the model finishes at the size it is evaluated on. Sizes are
+multiples of ``size_increment``. Applied at BATCH_START on the device; "resize"
+interpolates (bilinear), "crop" takes a random crop. Evaluation data is never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from trainkit.algorithms._batch import Key, get_item, set_item
+from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.core import Event, Logger, State
+
+__all__ = ["ProgressiveResizing", "ProgressiveResizingConfig", "resize_batch", "resizing_scale"]
+
+Mode = Literal["resize", "crop"]
+
+
+@dataclass(kw_only=True)
+class ProgressiveResizingConfig:
+    initial_scale: float = 0.5
+    """Scale of the images at the start; in (0, 1]."""
+    delay_fraction: float = 0.5
+    """Fraction of training at ``initial_scale`` before growing; in [0, 1)."""
+    finetune_fraction: float = 0.2
+    """Final fraction of training at full size; ``delay + finetune`` at most 1."""
+    size_increment: int = 4
+    """Heights and widths are multiples of this; positive."""
+    mode: Mode = "resize"
+    """"resize" (bilinear interpolation) or "crop" (a random crop)."""
+    resize_targets: bool = False
+    """Resize the targets the same way (segmentation masks; nearest for integers)."""
+    input_key: Key = 0
+    """Where the batch keeps its images, shaped (N, C, H, W)."""
+    target_key: Key = 1
+    """Where the batch keeps its targets."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.initial_scale <= 1.0:
+            raise ValueError(f"initial_scale must be in (0, 1], got {self.initial_scale}")
+        if not 0.0 <= self.delay_fraction < 1.0 or not 0.0 <= self.finetune_fraction <= 1.0:
+            raise ValueError(
+                "delay_fraction must be in [0, 1) and finetune_fraction in [0, 1], got "
+                f"{self.delay_fraction} and {self.finetune_fraction}"
+            )
+        if self.delay_fraction + self.finetune_fraction > 1.0:
+            raise ValueError(
+                f"delay_fraction + finetune_fraction must be at most 1, got "
+                f"{self.delay_fraction} + {self.finetune_fraction}"
+            )
+        if self.size_increment < 1:
+            raise ValueError(f"size_increment must be positive, got {self.size_increment}")
+        if self.mode not in ("resize", "crop"):
+            raise ValueError(f"mode {self.mode!r} is not one of 'resize', 'crop'")
+
+
+def resizing_scale(elapsed: float, config: ProgressiveResizingConfig) -> float:
+    """The image scale once ``elapsed`` (0 to 1) of training is done."""
+    grow_end = 1.0 - config.finetune_fraction
+    if elapsed < config.delay_fraction:
+        return config.initial_scale
+    if elapsed >= grow_end:
+        return 1.0
+    progress = (elapsed - config.delay_fraction) / (grow_end - config.delay_fraction)
+    return config.initial_scale + (1.0 - config.initial_scale) * progress
+
+
+def resize_batch(
+    x: torch.Tensor,
+    y: torch.Tensor | None = None,
+    *,
+    scale: float,
+    mode: Mode = "resize",
+    size_increment: int = 4,
+    resize_targets: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Images ``x`` (N, C, H, W) at ``scale`` of their size, rounded down to ``size_increment``.
+
+    Returns ``(x, y)``; ``y`` changes only with ``resize_targets``.
+    """
+    if x.ndim != 4:
+        raise ValueError(
+            f"progressive_resizing needs images shaped (N, C, H, W), got shape {tuple(x.shape)}"
+        )
+    height, width = x.shape[-2:]
+    new_h = max(int(scale * height) // size_increment * size_increment, min(size_increment, height))
+    new_w = max(int(scale * width) // size_increment * size_increment, min(size_increment, width))
+    if (new_h, new_w) == (height, width):
+        return x, y
+    if mode == "crop":
+        top = int(torch.randint(height - new_h + 1, ()))
+        left = int(torch.randint(width - new_w + 1, ()))
+        crop = (..., slice(top, top + new_h), slice(left, left + new_w))
+        return x[crop], (y[crop] if resize_targets and y is not None else y)
+    resized = F.interpolate(
+        x, size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
+    )
+    if resize_targets and y is not None:
+        y = _resize_targets(y, (new_h, new_w))
+    return resized, y
+
+
+def _resize_targets(y: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    if y.is_floating_point():
+        return F.interpolate(
+            y if y.ndim == 4 else y.unsqueeze(1), size=size, mode="bilinear"
+        ).reshape(*y.shape[:-2], *size)
+    return F.interpolate(y.unsqueeze(1).float(), size=size, mode="nearest").squeeze(1).to(y.dtype)
+
+
+class ProgressiveResizing:
+    """Trains on smaller images early on (see `ProgressiveResizingConfig`)."""
+
+    ordering_passes = STANDARD_PASSES
+
+    def __init__(
+        self,
+        initial_scale: float = 0.5,
+        delay_fraction: float = 0.5,
+        finetune_fraction: float = 0.2,
+        *,
+        size_increment: int = 4,
+        mode: Mode = "resize",
+        resize_targets: bool = False,
+        input_key: Key = 0,
+        target_key: Key = 1,
+    ):
+        self.config = ProgressiveResizingConfig(
+            initial_scale=initial_scale,
+            delay_fraction=delay_fraction,
+            finetune_fraction=finetune_fraction,
+            size_increment=size_increment,
+            mode=mode,
+            resize_targets=resize_targets,
+            input_key=input_key,
+            target_key=target_key,
+        )
+
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.BATCH_START
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        cfg = self.config
+        scale = resizing_scale(state.elapsed_fraction(), cfg)
+        if scale >= 1.0:
+            return
+        x = get_item(state.batch, cfg.input_key, "progressive_resizing")
+        y = (
+            get_item(state.batch, cfg.target_key, "progressive_resizing")
+            if cfg.resize_targets
+            else None
+        )
+        x, y = resize_batch(
+            x,
+            y,
+            scale=scale,
+            mode=cfg.mode,
+            size_increment=cfg.size_increment,
+            resize_targets=cfg.resize_targets,
+        )
+        state.batch = set_item(state.batch, cfg.input_key, x)
+        if cfg.resize_targets:
+            state.batch = set_item(state.batch, cfg.target_key, y)

@@ -1,0 +1,118 @@
+"""Squeeze-and-Excitation (Hu et al. 2018): channel attention after convolutions.
+
+Every `nn.Conv2d` with at least ``min_channels`` output channels is followed by a
+`SqueezeExcite2d` block: global average pool, a bottleneck MLP, a sigmoid gate per
+channel. The new parameters join the first parameter group of the run's optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._surgery import replace_modules
+from trainkit.core import Event, Logger, State
+
+__all__ = [
+    "SqueezeExcite",
+    "SqueezeExcite2d",
+    "SqueezeExciteConfig",
+    "SqueezeExciteConv2d",
+    "apply_squeeze_excite",
+]
+
+
+@dataclass(kw_only=True)
+class SqueezeExciteConfig:
+    latent_channels: float = 64
+    """Width of the bottleneck: an int (>= 1) or, below 1, a fraction of the channels."""
+    min_channels: int = 128
+    """Only convolutions with at least this many output channels get a block."""
+
+    def __post_init__(self) -> None:
+        if not self.latent_channels > 0:
+            raise ValueError(f"latent_channels must be positive, got {self.latent_channels}")
+        if self.latent_channels >= 1 and self.latent_channels != int(self.latent_channels):
+            raise ValueError(
+                f"latent_channels {self.latent_channels} must be an int, or a fraction below 1"
+            )
+        if self.min_channels < 1:
+            raise ValueError(f"min_channels must be >= 1, got {self.min_channels}")
+
+    def latent_for(self, channels: int) -> int:
+        if self.latent_channels < 1:
+            return max(1, int(channels * self.latent_channels))
+        return int(self.latent_channels)
+
+
+class SqueezeExcite2d(nn.Module):
+    """Scales each channel of ``(N, C, H, W)`` by a gate computed from all channels' means."""
+
+    def __init__(self, channels: int, latent_channels: int):
+        super().__init__()
+        self.squeeze = nn.Linear(channels, latent_channels)
+        self.excite = nn.Linear(latent_channels, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(self.excite(torch.relu(self.squeeze(x.mean(dim=(2, 3))))))
+        return x * gate[:, :, None, None]
+
+
+class SqueezeExciteConv2d(nn.Module):
+    """A convolution followed by a `SqueezeExcite2d` block."""
+
+    def __init__(self, conv: nn.Conv2d, latent_channels: int):
+        super().__init__()
+        self.conv = conv
+        self.se = SqueezeExcite2d(conv.out_channels, latent_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.se(self.conv(x))
+
+
+def apply_squeeze_excite(
+    model: nn.Module,
+    *,
+    latent_channels: float = 64,
+    min_channels: int = 128,
+    optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+) -> dict[str, nn.Module]:
+    """Add a squeeze-excite block after each wide enough conv; returns them by name."""
+    config = SqueezeExciteConfig(latent_channels=latent_channels, min_channels=min_channels)
+
+    def add_block(conv: nn.Conv2d, index: int) -> nn.Module | None:
+        if conv.out_channels < min_channels:
+            return None
+        return SqueezeExciteConv2d(conv, config.latent_for(conv.out_channels))
+
+    return replace_modules(
+        model, {nn.Conv2d: add_block}, optimizers=optimizers, method="squeeze_excite"
+    )
+
+
+class SqueezeExcite:
+    """Adds squeeze-excite blocks at INIT (see `SqueezeExciteConfig`)."""
+
+    ordering_passes = STANDARD_PASSES
+    required_on_load = True
+    required_events = (Event.INIT,)
+
+    def __init__(self, *, latent_channels: float = 64, min_channels: int = 128):
+        self.config = SqueezeExciteConfig(
+            latent_channels=latent_channels, min_channels=min_channels
+        )
+
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.INIT
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        replaced = apply_squeeze_excite(
+            state.parallelism.unwrap(state.model),
+            latent_channels=self.config.latent_channels,
+            min_channels=self.config.min_channels,
+            optimizers=state.optimizers,
+        )
+        logger.log_hyperparameters({"squeeze_excite/num_replaced": len(replaced)})

@@ -1,0 +1,68 @@
+"""Threshold stopping: stop training as soon as a metric reaches a target value.
+
+A `Callback` (entry-point group ``trainkit.callbacks``). The metric is read after every
+evaluation (``dataloader_label`` names the eval set) or, for ``"train"``, at the end of
+every epoch; once it is at or beyond ``threshold`` (above for "max", below for "min"),
+training stops (``state.stop_training()``) after the current batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trainkit.algorithms._monitor import Mode, check_mode, check_monitor, read_metric
+from trainkit.core import Callback, Logger, State
+
+__all__ = ["ThresholdStopper", "ThresholdStopperConfig"]
+
+
+@dataclass(kw_only=True)
+class ThresholdStopperConfig:
+    monitor: str
+    """Name of the metric to watch (as the model's ``get_metrics`` names it, e.g. "accuracy")."""
+    threshold: float
+    """Stop once the metric reaches this value; finite."""
+    dataloader_label: str = "eval"
+    """Eval set whose metric is watched, or "train" for the training metric."""
+    mode: Mode | None = None
+    """"max": stop at values >= threshold; "min": at values <= threshold; None infers
+    "min" for names with loss, entropy, perplexity or error, else "max"."""
+
+    def __post_init__(self) -> None:
+        self.mode = check_mode(self.monitor, self.mode)
+        if not isinstance(self.threshold, int | float) or not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be a finite number, got {self.threshold!r}")
+
+
+class ThresholdStopper(Callback):
+    """Stops training once ``monitor`` reaches ``threshold`` (see `ThresholdStopperConfig`)."""
+
+    def __init__(
+        self,
+        monitor: str,
+        threshold: float,
+        dataloader_label: str = "eval",
+        mode: Mode | None = None,
+    ):
+        self.config = ThresholdStopperConfig(
+            monitor=monitor, threshold=threshold, dataloader_label=dataloader_label, mode=mode
+        )
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        check_monitor(state, self.config.dataloader_label, self.config.monitor, "ThresholdStopper")
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        if self.config.dataloader_label == "train":
+            self._check(state)
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        if self.config.dataloader_label != "train":
+            self._check(state)
+
+    def _check(self, state: State) -> None:
+        cfg = self.config
+        value = read_metric(state, cfg.dataloader_label, cfg.monitor)
+        reached = value >= cfg.threshold if cfg.mode == "max" else value <= cfg.threshold
+        if reached:
+            state.stop_training()

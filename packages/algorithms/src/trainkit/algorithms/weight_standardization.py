@@ -1,0 +1,104 @@
+"""Weight standardization (Qiao et al. 2019): convolutions use zero-mean, unit-variance filters.
+
+Each convolution's weight becomes a `torch.nn.utils.parametrize` parametrization of the
+stored one: every forward reads ``(w - mean(w)) / std(w)`` per output channel, and
+gradients flow through the standardization. The stored tensor stays the same `Parameter`
+(now at ``<conv>.parametrizations.weight.original``), so optimizers need no re-binding.
+Usually paired with GroupNorm, where it stands in for what BatchNorm did to conditioning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._surgery import check_surgery_allowed
+from trainkit.core import Event, Logger, State
+
+__all__ = [
+    "WeightStandardization",
+    "WeightStandardizationConfig",
+    "apply_weight_standardization",
+    "standardize_weight",
+]
+
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+@dataclass(kw_only=True)
+class WeightStandardizationConfig:
+    n_last_layers_ignore: int = 0
+    """Leave the last this many convolutions (in module order) as they are, e.g. a
+    convolutional classifier head."""
+
+    def __post_init__(self) -> None:
+        if self.n_last_layers_ignore < 0:
+            raise ValueError(f"n_last_layers_ignore must be >= 0, got {self.n_last_layers_ignore}")
+
+
+def standardize_weight(weight: torch.Tensor, eps: float = 1e-10) -> torch.Tensor:
+    """Zero mean and unit (biased) variance over all dims but the first."""
+    dims = tuple(range(1, weight.ndim))
+    var, mean = torch.var_mean(weight, dim=dims, keepdim=True, unbiased=False)
+    return (weight - mean) / torch.sqrt(var + eps)
+
+
+class _Standardize(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return standardize_weight(weight)
+
+
+def apply_weight_standardization(
+    model: nn.Module,
+    *,
+    n_last_layers_ignore: int = 0,
+    optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+) -> list[str]:
+    """Standardize the weights of ``model``'s convolutions; returns their names."""
+    WeightStandardizationConfig(n_last_layers_ignore=n_last_layers_ignore)
+    optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else optimizers
+    check_surgery_allowed(optimizers or [], "weight_standardization")
+    convs = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, _CONVS) and not parametrize.is_parametrized(m, "weight")
+    ]
+    chosen = convs[: len(convs) - n_last_layers_ignore]
+    if not chosen:
+        warnings.warn(
+            f"weight_standardization matched no convolution in {type(model).__name__} "
+            f"({len(convs)} found, n_last_layers_ignore={n_last_layers_ignore}); it has no "
+            "effect on this model",
+            stacklevel=2,
+        )
+    for _, conv in chosen:
+        parametrize.register_parametrization(conv, "weight", _Standardize())
+    return [name for name, _ in chosen]
+
+
+class WeightStandardization:
+    """Standardizes convolution weights from INIT on (see `WeightStandardizationConfig`)."""
+
+    ordering_passes = STANDARD_PASSES
+    required_on_load = True
+    required_events = (Event.INIT,)
+
+    def __init__(self, *, n_last_layers_ignore: int = 0):
+        self.config = WeightStandardizationConfig(n_last_layers_ignore=n_last_layers_ignore)
+
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.INIT
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        names = apply_weight_standardization(
+            state.parallelism.unwrap(state.model),
+            n_last_layers_ignore=self.config.n_last_layers_ignore,
+            optimizers=state.optimizers,
+        )
+        logger.log_hyperparameters({"weight_standardization/num_replaced": len(names)})

@@ -1,0 +1,98 @@
+"""progressive_resizing: image sizes follow the schedule, crops are crops, eval is full size."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from toy import loader
+from trainkit.algorithms import (
+    ProgressiveResizing,
+    ProgressiveResizingConfig,
+    resize_batch,
+    resizing_scale,
+)
+from trainkit.core import Callback, Classifier, Trainer, plugins
+
+
+def test_schedule():
+    cfg = ProgressiveResizingConfig(initial_scale=0.5, delay_fraction=0.25, finetune_fraction=0.25)
+    assert [resizing_scale(e, cfg) for e in (0.0, 0.2, 0.25, 0.5, 0.75, 1.0)] == [
+        0.5,
+        0.5,
+        0.5,
+        0.75,
+        1.0,
+        1.0,
+    ]
+
+
+def test_resize_and_crop():
+    x = torch.rand(2, 3, 32, 32)
+    small, _ = resize_batch(x, scale=0.6, size_increment=8)
+    assert small.shape == (2, 3, 16, 16)  # 19.2 rounded down to a multiple of 8
+    torch.manual_seed(0)
+    crop, _ = resize_batch(x, scale=0.5, mode="crop")
+    found = [
+        (top, left)
+        for top in range(17)
+        for left in range(17)
+        if torch.equal(x[..., top : top + 16, left : left + 16], crop)
+    ]
+    assert len(found) == 1
+    masks = torch.randint(0, 5, (2, 32, 32))
+    _, resized_masks = resize_batch(x, masks, scale=0.5, resize_targets=True)
+    assert resized_masks.shape == (2, 16, 16) and resized_masks.dtype == masks.dtype
+    assert torch.equal(resized_masks, masks[:, ::2, ::2])  # nearest
+
+
+def test_trainer_grows_training_images_and_evaluates_at_full_size():
+    sizes = {"train": [], "eval": []}
+
+    class Probe(Callback):
+        def before_forward(self, state, logger):
+            sizes["train"].append(state.batch[0].shape[-1])
+
+        def eval_before_forward(self, state, logger):
+            sizes["eval"].append(state.batch[0].shape[-1])
+
+    data = TensorDataset(torch.rand(64, 3, 32, 32), torch.randint(0, 2, (64,)))
+    net = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 2))
+    Trainer(
+        model=Classifier(net, num_classes=2),
+        train_dataloader=loader(data),
+        eval_dataloader=loader(data),
+        max_duration="8ba",
+        progress_bar=False,
+        device="cpu",
+        algorithms=[
+            ProgressiveResizing(initial_scale=0.5, delay_fraction=0.25, finetune_fraction=0.25)
+        ],
+        callbacks=[Probe()],
+    ).fit()
+    # elapsed b/8: 0.5 until 0.25, then 0.5 + (b/8 - 0.25) up to 1 at 0.75.
+    assert sizes["train"] == [16, 16, 16, 20, 24, 28, 32, 32]
+    assert set(sizes["eval"]) == {32}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"initial_scale": 0.0}, r"initial_scale must be in \(0, 1\]"),
+        ({"delay_fraction": 0.7, "finetune_fraction": 0.5}, "must be at most 1"),
+        ({"mode": "zoom"}, "mode 'zoom' is not one of 'resize', 'crop'"),
+        ({"size_increment": 0}, "size_increment must be positive"),
+    ],
+)
+def test_bad_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ProgressiveResizingConfig(**kwargs)
+
+
+def test_needs_images():
+    with pytest.raises(ValueError, match=r"needs images shaped \(N, C, H, W\)"):
+        resize_batch(torch.zeros(4, 8), scale=0.5)
+
+
+def test_entry_point():
+    assert plugins.load("trainkit.algorithms", "progressive_resizing") is ProgressiveResizing
