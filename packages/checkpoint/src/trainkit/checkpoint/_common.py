@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import pickle
 import socket
 import warnings
 from collections.abc import Callable, Iterator
@@ -43,12 +42,10 @@ def on_rank0(fn: Callable[[], T]) -> T:
 
 
 def shareable(err: Exception) -> Exception:
-    """``err``, or a `CheckpointError` with its message when it cannot be sent to other ranks."""
-    try:
-        pickle.loads(pickle.dumps(err))
-    except Exception:
-        return CheckpointError(f"{type(err).__name__}: {err}")
-    return err
+    """``err`` if it is one of ours (plain, safe to send to other ranks), else a `CheckpointError`."""
+    if isinstance(err, CheckpointError) and type(err).__module__.startswith("trainkit."):
+        return err
+    return CheckpointError(f"{type(err).__name__}: {err}")
 
 
 def is_node_leader() -> bool:

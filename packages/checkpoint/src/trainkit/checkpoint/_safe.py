@@ -1,7 +1,7 @@
 """Reading DCP checkpoints without ever executing code from them.
 
 torch's `FileSystemReader` unpickles ``.metadata`` with plain `pickle.load`, and its
-default load planner reads non-tensor entries with ``torch.load(weights_only=False)``.
+default load planner reads non-tensor entries with torch's full unpickler (weights_only off).
 Either would run whatever a crafted file asks for. Here ``.metadata`` goes through an
 unpickler that only builds DCP's own metadata classes, and non-tensor entries through
 ``torch.load(weights_only=True)``.
