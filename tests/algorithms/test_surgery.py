@@ -94,3 +94,10 @@ def test_nested_matches_are_replaced_once_at_the_outermost_level():
     assert list(replaced) == ["0"]
     assert [n for n, _ in model.named_children()] == ["0"]  # no dangling children
     assert isinstance(model[0].inner[0], nn.Sequential)
+
+
+def test_replacements_follow_each_modules_device_in_a_model_on_several_devices():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4, device="meta"))
+    replace_modules(model, {nn.Linear: lambda m, i: Doubler(nn.Linear(4, 4))})
+    assert model[0].gain.device.type == "cpu" and model[0].inner.weight.device.type == "cpu"
+    assert model[1].gain.device.type == "meta" and model[1].inner.weight.device.type == "meta"
