@@ -153,6 +153,61 @@ def main() -> None:
         f"step time ratio trainkit/raw (median of {args.repeats}): {wall:.3f} wall, "
         f"{cpu:.3f} cpu (target <= {TARGET_RATIO}: {verdict})"
     )
+    raw_step = statistics.median(s.cpu for s in times["raw"])
+    overhead = fixed_overhead(args.steps, args.repeats)
+    print(
+        f"fixed overhead of the Trainer (null model, min of {args.repeats}): {overhead * 1e6:+.1f} us/step "
+        f"= {1 + overhead / raw_step:.3f} x the MLP's raw step (target <= {TARGET_RATIO})"
+    )
+
+
+class _Null(nn.Module):
+    """One scalar parameter: forward, backward and the step cost next to nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(()))
+
+    def forward(self, batch: object) -> torch.Tensor:
+        return self.weight * 2
+
+    def loss(self, outputs: torch.Tensor, batch: object) -> torch.Tensor:
+        return outputs * outputs
+
+
+def fixed_overhead(steps: int, repeats: int) -> float:
+    """Per-step seconds the Trainer adds to a loop doing the same work on a null model.
+
+    Wall-clock ratios between two model instances carry ~10% noise here; with nothing
+    to compute, the difference is the loop's own Python, and the minimum over repeats
+    is its cost without interference.
+    """
+    batches = [(torch.zeros(64, 1),)] * steps
+    raw_model, model = _Null(), _Null()
+    raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=batches,
+        max_duration=None,
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        device="cpu",
+        seed=0,
+        progress_bar=False,
+    )
+
+    def raw_loop() -> None:
+        for batch in batches:
+            raw_optimizer.zero_grad(set_to_none=True)
+            raw_model.loss(raw_model(batch), batch).backward()
+            raw_optimizer.step()
+
+    def trainkit_loop() -> None:
+        trainer.fit(duration=f"{steps}ba")
+
+    raw_loop(), trainkit_loop()
+    raw = min(timed(raw_loop, steps).cpu for _ in range(repeats))
+    tk = min(timed(trainkit_loop, steps).cpu for _ in range(repeats))
+    return tk - raw
 
 
 if __name__ == "__main__":
