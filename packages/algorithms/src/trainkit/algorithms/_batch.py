@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["get_item", "index_batch", "set_item"]
+from trainkit.core import autocast
+
+__all__ = ["get_item", "index_batch", "interpolate_loss", "set_item"]
 
 Key = int | str
 
@@ -46,3 +48,17 @@ def index_batch(batch: Any, index: torch.Tensor) -> Any:
     if isinstance(batch, tuple | list):
         return type(batch)(index_batch(v, index) for v in batch)
     return batch
+
+
+def interpolate_loss(state: Any, target_key: Key, permuted_targets: Any, mixing: float) -> None:
+    """``state.loss = lerp(loss(y), loss(y[perm]), mixing)``, for methods that mix inputs.
+
+    Runs at AFTER_LOSS: the model's own loss against the permuted targets, under the run's
+    precision, interpolated with the loss the loop computed against the original targets.
+    """
+    permuted = set_item(state.batch, target_key, permuted_targets)
+    model = state.parallelism.unwrap(state.model)
+    with autocast(state.precision, state.device):
+        other = model.loss(state.outputs, permuted)
+    assert state.loss is not None
+    state.loss = torch.lerp(state.loss, other.to(state.loss.dtype), mixing)

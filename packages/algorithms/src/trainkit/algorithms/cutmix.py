@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from trainkit.algorithms._batch import Key, get_item, set_item
+from trainkit.algorithms._batch import Key, get_item, interpolate_loss, set_item
 from trainkit.algorithms._passes import STANDARD_PASSES
-from trainkit.core import Event, Logger, State, autocast
+from trainkit.core import Event, Logger, State
 
 __all__ = ["CutMix", "CutMixConfig", "cutmix_batch"]
 
@@ -118,9 +118,4 @@ class CutMix:
             )
             state.batch = set_item(state.batch, cfg.input_key, x_cut)
             return
-        permuted = set_item(state.batch, cfg.target_key, self.permuted_targets)
-        model = state.parallelism.unwrap(state.model)
-        with autocast(state.precision, state.device):
-            other = model.loss(state.outputs, permuted)
-        assert state.loss is not None
-        state.loss = torch.lerp(state.loss, other.to(state.loss.dtype), self.mixing)
+        interpolate_loss(state, cfg.target_key, self.permuted_targets, self.mixing)

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from trainkit.algorithms._batch import Key, get_item, set_item
+from trainkit.algorithms._batch import Key, get_item, interpolate_loss, set_item
 from trainkit.algorithms._passes import STANDARD_PASSES
-from trainkit.core import Event, Logger, State, autocast
+from trainkit.core import Event, Logger, State
 
 __all__ = ["MixUp", "MixUpConfig", "mixup_batch"]
 
@@ -107,9 +107,4 @@ class MixUp:
             )
             state.batch = set_item(state.batch, cfg.input_key, x_mixed)
             return
-        permuted = set_item(state.batch, cfg.target_key, self.permuted_targets)
-        model = state.parallelism.unwrap(state.model)
-        with autocast(state.precision, state.device):
-            other = model.loss(state.outputs, permuted)
-        assert state.loss is not None
-        state.loss = torch.lerp(state.loss, other.to(state.loss.dtype), self.mixing)
+        interpolate_loss(state, cfg.target_key, self.permuted_targets, self.mixing)
