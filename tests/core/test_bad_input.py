@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from toy import blobs, loader, mlp
-from trainkit.core import AlgorithmError, Event, Trainer
+from trainkit.core import Algorithm, AlgorithmError, Event, Trainer
 
 
 def trainer(**kwargs):
@@ -86,7 +86,7 @@ def test_empty_iterable_without_length_fails_at_first_epoch():
 def test_unknown_precision(precision):
     with pytest.raises(
         ValueError,
-        match=rf"unknown precision '{precision}'; accepted: 'fp32', 'amp_fp16', 'amp_bf16'",
+        match=rf"unknown precision '{precision}'; accepted: 'fp32', 'amp_bf16', 'amp_fp16'",
     ):
         trainer(precision=precision)
 
@@ -114,13 +114,15 @@ def test_cuda_requested_without_cuda(monkeypatch):
 
 def test_not_an_algorithm():
     with pytest.raises(
-        TypeError, match=r"Linear is not an Algorithm: it needs match\(event, state\)"
+        TypeError,
+        match=r"Linear is not an Algorithm \(it has no match\): subclass "
+        r"trainkit\.core\.Algorithm",
     ):
         trainer(algorithms=[nn.Linear(2, 2)])
 
 
 def test_failing_algorithm_is_named_with_the_event():
-    class Explodes:
+    class Explodes(Algorithm):
         def match(self, event, state):
             return event == Event.AFTER_LOSS
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from multirank import run_ranks
-from trainkit.core import Accuracy, CrossEntropy, Mean, dist
+from trainkit.core import dist
+from trainkit.core.metrics import Accuracy, CrossEntropy, Mean
 
 # --- no process group ---------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from trainkit.core import (
+    Algorithm,
     AlgorithmError,
     Callback,
     CallbackError,
@@ -17,7 +18,7 @@ from trainkit.core import (
 )
 
 
-class Step:
+class Step(Algorithm):
     """An algorithm that records its name in a shared log at the events it matches."""
 
     def __init__(self, name, log, events=(Event.BATCH_START, Event.AFTER_FORWARD), exit_code=None):
@@ -43,7 +44,7 @@ class StepC(Step):
     pass
 
 
-class Exploder:
+class Exploder(Algorithm):
     def __init__(self, error):
         self.error = error
 
@@ -383,7 +384,7 @@ def test_passes_declared_by_algorithms_are_registered_once():
 
 
 def test_required_events_that_never_fired_are_reported():
-    class NeedsInit:
+    class NeedsInit(Algorithm):
         required_events = (Event.INIT,)
 
         def match(self, event, state):
@@ -442,3 +443,122 @@ def test_a_destination_failing_at_init_stops_the_run():
     engine = make_engine(destinations=[BadFolder()])
     with pytest.raises(CallbackError, match=r"BadFolder failed at event INIT.*cannot write"):
         engine.run_event(Event.INIT)
+
+
+# --- registration checks ---------------------------------------------------------------
+
+
+def test_a_misspelled_event_method_is_refused_naming_the_callback_and_the_event():
+    class Typo(Callback):
+        def batch_ends(self, state, logger):
+            pass
+
+    with pytest.raises(TypeError, match=r"callback Typo defines batch_ends\(\).*batch_end\(\)\?"):
+        make_engine(callbacks=[Typo()])
+
+
+def test_a_lightning_style_event_name_is_refused_on_a_duck_typed_callback():
+    class Lightningish:
+        def on_batch_end(self, state, logger):
+            pass
+
+        def fit_end(self, state, logger):
+            pass
+
+    with pytest.raises(TypeError, match=r"on_batch_end\(\).*did you mean batch_end\(\)\?"):
+        make_engine(callbacks=[Lightningish()])
+
+
+def test_a_callback_added_after_construction_is_checked_when_it_is_first_seen():
+    class Typo(Callback):
+        def fit_ends(self, state, logger):
+            pass
+
+    engine = make_engine()
+    engine.state.callbacks.append(Typo())
+    with pytest.raises(TypeError, match=r"callback Typo defines fit_ends\(\)"):
+        engine.run_event(Event.FIT_START)
+
+
+def test_a_duck_typed_callback_with_no_event_method_is_refused():
+    class Nothing:
+        def report(self):
+            pass
+
+    with pytest.raises(TypeError, match=r"callback Nothing defines no method named after an event"):
+        make_engine(callbacks=[Nothing()])
+
+
+def test_helper_methods_far_from_event_names_are_accepted():
+    class Helpful(Callback):
+        def summarise(self, state, logger):
+            pass
+
+        def batch_end(self, state, logger):
+            self.summarise(state, logger)
+
+    make_engine(callbacks=[Helpful()]).run_event(Event.BATCH_END)
+
+
+def test_an_algorithm_without_apply_cannot_be_built():
+    class NoApply(Algorithm):
+        def match(self, event, state):
+            return True
+
+    with pytest.raises(TypeError, match=r"NoApply.*abstract method.*apply"):
+        NoApply()
+
+
+def test_a_duck_typed_algorithm_is_refused_naming_what_to_do():
+    class Duck:
+        def match(self, event, state):
+            return True
+
+    with pytest.raises(TypeError, match=r"Duck is not an Algorithm \(it has no apply\)"):
+        make_engine(algorithms=[Duck()])
+
+
+def test_an_unknown_order_is_refused_naming_the_accepted_orders():
+    class Early(StepA):
+        order = "early"
+
+    with pytest.raises(
+        ValueError, match=r"algorithm Early: order 'early' is not known; use one of 'first'"
+    ):
+        make_engine(algorithms=[Early("A", [])])
+
+
+def test_algorithms_run_by_order_then_list_order_and_after_events_reverse():
+    log = []
+
+    class Last(StepA):
+        order = "last"
+
+    class First(StepB):
+        order = "first"
+
+    engine = make_engine(
+        algorithms=[Last("last", log), StepA("a", log), First("first", log), StepC("c", log)]
+    )
+    engine.run_event(Event.BATCH_START)
+    assert log == ["first", "a", "c", "last"]
+    log.clear()
+    engine.run_event(Event.AFTER_FORWARD)
+    assert log == ["last", "c", "a", "first"]
+
+
+def test_an_unknown_required_event_is_refused():
+    class Needs(Callback):
+        required_events = ("batch_ends",)
+
+    with pytest.raises(ValueError, match=r"callback Needs: required_events names 'batch_ends'"):
+        make_engine(callbacks=[Needs()])
+
+
+def test_a_logger_destination_must_subclass_the_base_class():
+    class Duck:
+        def log_metrics(self, metrics, step):
+            pass
+
+    with pytest.raises(TypeError, match=r"Duck is not a LoggerDestination: subclass"):
+        make_engine(destinations=[Duck()])

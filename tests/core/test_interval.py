@@ -5,16 +5,8 @@ import torch
 from torch import nn
 
 from toy import blobs, loader, mlp
-from trainkit.core import (
-    Callback,
-    DataSpec,
-    Event,
-    State,
-    Timestamp,
-    Trainer,
-    ensure_time,
-    interval_trigger,
-)
+from trainkit.core import Callback, DataSpec, Event, State, Timestamp, Trainer, ensure_time
+from trainkit.core.interval import interval_trigger
 
 
 def make_state(max_duration, batches_per_epoch):

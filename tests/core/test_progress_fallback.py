@@ -3,7 +3,8 @@
 import io
 
 from toy import blobs, loader, mlp
-from trainkit.core import ProgressLines, Trainer, plugins
+from trainkit.core import Trainer, plugins
+from trainkit.core.progress import ProgressLines
 
 
 def test_plain_lines_when_no_progress_entry_point(monkeypatch, capsys):

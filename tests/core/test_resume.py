@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from toy import CountingDataset, blobs, flat_params, mlp
-from trainkit.core import Callback, Event, LinearWithWarmupScheduler, Trainer
+from trainkit.core import Algorithm, Callback, Event, LinearWithWarmupScheduler, Trainer
 
 
 class BatchCounter(Callback):
@@ -26,7 +26,7 @@ class BatchCounter(Callback):
         self.count = state["count"]
 
 
-class NoisyGradients:
+class NoisyGradients(Algorithm):
     """An algorithm with RNG use and state: adds noise to gradients, counts its calls."""
 
     def __init__(self):

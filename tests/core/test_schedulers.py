@@ -1,5 +1,7 @@
-"""Schedules that speak `Time`: values at known points, unit conversion, and the Trainer."""
+"""Schedules that speak `Time`: values at known points, unit conversion, configs, entry
+points, and the Trainer."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -25,7 +27,10 @@ from trainkit.core import (
     Timestamp,
     Trainer,
     ensure_time,
+    plugins,
+    schedulers,
 )
+from trainkit.core.config import Configurable, field_docs, to_plain
 from trainkit.core.schedulers import as_fraction
 
 
@@ -85,7 +90,7 @@ def test_step_scheduler_steps_at_each_boundary():
     assert schedule(at(0.25, "4ep")) == pytest.approx(0.1)
     assert schedule(at(0.5, "4ep")) == pytest.approx(0.01)
     # 3 batches of 10 with step_size 1/10 of the run: float error must not miss a step
-    assert StepScheduler("0.1dur", gamma=0.5)(at(0.3)) == pytest.approx(0.125)
+    assert StepScheduler(step_size="0.1dur", gamma=0.5)(at(0.3)) == pytest.approx(0.125)
 
 
 def test_multistep_scheduler_multiplies_at_each_milestone():
@@ -127,7 +132,7 @@ def test_linear_with_warmup_scheduler():
     assert schedule(at(0.25)) == pytest.approx(1.0)
     assert schedule(at(0.625)) == pytest.approx(0.5)
     assert schedule(at(1.0)) == pytest.approx(0.0)
-    assert LinearWithWarmupScheduler("0.25dur", alpha_f=0.1)(at(1.0)) == pytest.approx(0.1)
+    assert LinearWithWarmupScheduler(t_warmup="0.25dur", alpha_f=0.1)(at(1.0)) == pytest.approx(0.1)
 
 
 def test_cosine_with_warmup_scheduler():
@@ -151,13 +156,13 @@ def test_every_schedule_satisfies_the_protocol():
     schedules = [
         ConstantScheduler(),
         LinearScheduler(),
-        ExponentialScheduler(0.9),
-        StepScheduler("1ep"),
-        MultiStepScheduler(["0.5dur"]),
-        PolynomialScheduler(1.0),
+        ExponentialScheduler(gamma=0.9),
+        StepScheduler(step_size="1ep"),
+        MultiStepScheduler(milestones=["0.5dur"]),
+        PolynomialScheduler(power=1.0),
         CosineAnnealingScheduler(),
-        LinearWithWarmupScheduler("0.1dur"),
-        CosineAnnealingWithWarmupScheduler("0.1dur"),
+        LinearWithWarmupScheduler(t_warmup="0.1dur"),
+        CosineAnnealingWithWarmupScheduler(t_warmup="0.1dur"),
     ]
     for schedule in schedules:
         assert isinstance(schedule, Scheduler)
@@ -210,9 +215,9 @@ def test_time_without_max_duration_raises():
     "make",
     [
         lambda: LinearScheduler(t_max="0dur"),
-        lambda: ExponentialScheduler(0.5, decay_period="0ep"),
+        lambda: ExponentialScheduler(gamma=0.5, decay_period="0ep"),
         lambda: StepScheduler(step_size="0ba"),
-        lambda: PolynomialScheduler(2.0, t_max="0ba"),
+        lambda: PolynomialScheduler(power=2.0, t_max="0ba"),
         lambda: CosineAnnealingScheduler(t_max="0dur"),
     ],
 )
@@ -225,11 +230,11 @@ def test_bad_arguments_are_rejected_with_their_name():
     with pytest.raises(ValueError, match=r"alpha_f must be a non-negative number, got -0\.1"):
         LinearScheduler(alpha_f=-0.1)
     with pytest.raises(ValueError, match="gamma"):
-        StepScheduler("1ep", gamma=float("nan"))
+        StepScheduler(step_size="1ep", gamma=float("nan"))
     with pytest.raises(ValueError, match="t_warmup '10 percent' is not a duration"):
         LinearWithWarmupScheduler(t_warmup="10 percent")
     with pytest.raises(ValueError, match="milestone"):
-        MultiStepScheduler(["half"])
+        MultiStepScheduler(milestones=["half"])
 
 
 def test_schedule_on_a_real_state_converts_epochs_with_the_data_length():
@@ -238,8 +243,95 @@ def test_schedule_on_a_real_state_converts_epochs_with_the_data_length():
     state.timestamp = Timestamp(epoch=1, batch=7, batch_in_epoch=2)
     # 1.4 of 2 epochs elapsed; the step is every 2 batches = 0.2 of the run
     assert state.elapsed_fraction() == pytest.approx(0.7)
-    assert StepScheduler("2ba", gamma=0.5)(state) == pytest.approx(0.5**3)
+    assert StepScheduler(step_size="2ba", gamma=0.5)(state) == pytest.approx(0.5**3)
     assert LinearWithWarmupScheduler(t_warmup="1ep")(state) == pytest.approx(0.6)
+
+
+# --- configs and entry points ---------------------------------------------------------------
+
+SCHEDULE_CLASSES = [
+    getattr(schedulers, name)
+    for name in schedulers.__all__
+    if name.endswith("Scheduler") and name != "Scheduler"
+]
+ENTRY_POINTS = {
+    "constant": "ConstantScheduler",
+    "linear": "LinearScheduler",
+    "linear_with_warmup": "LinearWithWarmupScheduler",
+    "cosine": "CosineAnnealingScheduler",
+    "cosine_with_warmup": "CosineAnnealingWithWarmupScheduler",
+    "multistep": "MultiStepScheduler",
+    "exponential": "ExponentialScheduler",
+    "polynomial": "PolynomialScheduler",
+    "step": "StepScheduler",
+}
+
+
+def test_every_schedule_is_a_configurable_with_a_documented_config():
+    assert len(SCHEDULE_CLASSES) == 9
+    for cls in SCHEDULE_CLASSES:
+        assert issubclass(cls, Configurable)
+        assert cls.config_class is getattr(schedulers, f"{cls.__name__}Config")
+        docs = field_docs(cls.config_class)
+        assert docs and all(docs.values()), (cls.__name__, docs)
+
+
+def test_config_and_keywords_build_the_same_schedule():
+    config = schedulers.CosineAnnealingWithWarmupSchedulerConfig(t_warmup="0.2dur", alpha_f=0.1)
+    from_config = CosineAnnealingWithWarmupScheduler(config)
+    from_keywords = CosineAnnealingWithWarmupScheduler(t_warmup="0.2dur", alpha_f=0.1)
+    assert from_config.config == from_keywords.config == config
+    assert from_config(at(0.6)) == from_keywords(at(0.6))
+    overridden = CosineAnnealingWithWarmupScheduler(config, alpha_f=0.5)
+    assert overridden.config.alpha_f == 0.5 and config.alpha_f == 0.1
+    assert to_plain(overridden) == {
+        "name": "CosineAnnealingWithWarmupScheduler",
+        "t_warmup": "0.2dur",
+        "alpha_f": 0.5,
+        "t_max": "1dur",
+    }
+
+
+def test_config_validation_runs_without_the_schedule():
+    with pytest.raises(ValueError, match=r"alpha_f must be a non-negative number, got -1"):
+        schedulers.LinearSchedulerConfig(alpha_f=-1)
+    with pytest.raises(ValueError, match="is zero; use a positive duration"):
+        schedulers.StepSchedulerConfig(step_size="0ep")
+    with pytest.raises(ValueError, match=r"milestones must be a list of durations"):
+        schedulers.MultiStepSchedulerConfig(milestones="0.5dur")
+    with pytest.raises(ValueError, match=r"power must be a finite number"):
+        schedulers.PolynomialSchedulerConfig(power=float("inf"))
+
+
+def test_unknown_option_and_positional_values_are_type_errors():
+    with pytest.raises(TypeError, match=r"has no field 'warmup'; its fields: t_warmup, alpha_f"):
+        LinearWithWarmupScheduler(warmup="0.1dur")
+    with pytest.raises(TypeError, match=r"expected a ExponentialSchedulerConfig, got float"):
+        ExponentialScheduler(0.9)
+    with pytest.raises(TypeError, match="step_size"):
+        StepScheduler()
+
+
+def test_configs_are_keyword_only_dataclasses():
+    for cls in SCHEDULE_CLASSES:
+        assert all(f.kw_only for f in dataclasses.fields(cls.config_class))
+
+
+def test_schedules_are_registered_as_entry_points():
+    assert plugins.available("trainkit.schedulers") == sorted(ENTRY_POINTS)
+    for name, class_name in ENTRY_POINTS.items():
+        assert plugins.load("trainkit.schedulers", name) is getattr(schedulers, class_name)
+    values = {i.name: i.value for i in plugins.describe("trainkit.schedulers")}
+    assert values["cosine"] == "trainkit.core.schedulers:CosineAnnealingScheduler"
+
+
+def test_torch_optimizers_are_registered_as_entry_points():
+    names = plugins.available("trainkit.optimizers")
+    assert {"AdamW", "SGD", "Adam"} <= set(names)
+    for name in names:
+        cls = plugins.load("trainkit.optimizers", name)
+        assert cls is getattr(torch.optim, name)
+        assert issubclass(cls, torch.optim.Optimizer)
 
 
 # --- with the Trainer ----------------------------------------------------------------------

@@ -1,57 +1,105 @@
-"""What the engine calls: the `Algorithm` protocol and the `Callback` base class."""
+"""What the engine calls: the `Algorithm` and `Callback` base classes.
+
+Everything the engine reads from a component is declared here, with its default; the
+engine checks each component when it is registered (`trainkit.core._checks`).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+import abc
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from trainkit.core._event import Event
+from trainkit.core.config import Configurable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trainkit.core._logger import Logger
     from trainkit.core._state import State
 
-__all__ = ["Algorithm", "Callback"]
+__all__ = ["ORDERS", "Algorithm", "Callback", "Order", "RequiredEvents", "Stateful"]
+
+Order = Literal["first", "default", "last"]
+"""Where an algorithm runs among those that match an event (stable within each)."""
+ORDERS: tuple[Order, ...] = ("first", "default", "last")
+
+RequiredEvents = tuple["Event | tuple[Event, ...]", ...]
+"""Events a loop must fire for a component to work; a tuple inside means "one of these"."""
 
 
 @runtime_checkable
-class Algorithm(Protocol):
+class Stateful(Protocol):
+    """Anything whose state is saved with the run (DCP's ``Stateful``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Algorithm(Configurable, abc.ABC):
     """A training method that changes what the loop computes.
 
-    ``match`` is asked at every event; ``apply`` runs when it says yes. Optional members
-    (looked up with ``getattr``): ``state_dict()`` / ``load_state_dict(sd)`` for state that
-    must survive a resume, ``required_on_load`` (class attribute, default False) for
-    methods that change the model and must be re-applied before loading a checkpoint, and
-    ``ordering_passes`` (class attribute): `OrderingPass` functions the engine registers
-    once, for composition rules such as "run me first"; ``required_events``: events the
-    loop must fire for the algorithm to work (a tuple inside means "one of these"), so a
-    hand-written loop that misses one gets a warning instead of silent misbehaviour.
+    ``match`` is asked at every event; ``apply`` runs when it says yes. Subclass it and
+    declare a config with ``class MyMethod(Algorithm, config=MyMethodConfig)``.
     """
 
-    def match(self, event: Event, state: State) -> bool: ...
+    order: ClassVar[Order] = "default"
+    """``"first"`` (e.g. it chooses the samples the others see), ``"default"``, or
+    ``"last"`` (e.g. it replaces what other surgery produced). AFTER_* events run in reverse."""
 
-    def apply(self, event: Event, state: State, logger: Logger) -> int | None: ...
+    required_events: ClassVar[RequiredEvents] = ()
+    """Events the loop must fire for this method to work (a hand-written loop that misses
+    one gets a warning instead of silent misbehaviour)."""
+
+    ordering_passes: ClassVar[tuple[Callable[[list[Any], Event], list[Any]], ...]] = ()
+    """`OrderingPass` functions the engine registers once, for composition rules."""
+
+    required_on_load: ClassVar[bool] = False
+    """The method changes the model's structure: a checkpoint saved with it can only be
+    loaded into a run that has it too (checked by trainkit-checkpoint from the manifest)."""
+
+    @abc.abstractmethod
+    def match(self, event: Event, state: State) -> bool:
+        """Whether to run at ``event``."""
+
+    @abc.abstractmethod
+    def apply(self, event: Event, state: State, logger: Logger) -> int | None:
+        """Do the work; an int return is recorded in the engine's traces."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State that must survive a resume (default: none)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
 
 
-class Callback:
+class Callback(Configurable):
     """Observes the loop. Override the methods named after the events you need.
 
     Every method receives ``(state, logger)``. `run_event` dispatches by the event's name,
-    so ``Event.BATCH_END`` calls ``batch_end``. Override ``state_dict`` / ``load_state_dict``
-    to have the callback's state saved with the run, and set ``required_events`` (see
-    `Algorithm`) when the callback cannot work without some events.
+    so ``Event.BATCH_END`` calls ``batch_end``. A plain object with such methods works too
+    (duck-typed); subclass this to have state saved with the run (``state_dict`` /
+    ``load_state_dict``), to declare ``required_events`` and a config.
     """
 
+    required_events: ClassVar[RequiredEvents] = ()
+    """Events the loop must fire for this callback to work (see `Algorithm`)."""
+
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
+        """Call the method named after ``event``; override to handle every event in one place."""
         getattr(self, event.value)(state, logger)
 
     def close(self) -> None:
         """Release resources at the end of the run (files, threads, connections)."""
 
     def state_dict(self) -> dict[str, Any]:
+        """State saved with the run (default: none)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore what `state_dict` returned."""
 
     # One no-op per event, in loop order.
 

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainkit.core._callback import Algorithm, overrides
+from trainkit.core._callback import ORDERS, Algorithm, Callback, overrides
+from trainkit.core._checks import check_algorithm, check_listener, declared_required_events
 from trainkit.core._event import Event
 
 if TYPE_CHECKING:
@@ -60,9 +61,12 @@ def _is_oom(err: BaseException) -> bool:
 class Engine:
     """Runs what is registered on ``state`` at each `Event`.
 
-    Order: the algorithms that match, in list order (reversed for ``AFTER_*`` events so
-    paired transforms unwind like a stack) after the ordering passes; then callbacks; then
-    logger destinations that are callbacks. Each event's algorithm runs are returned as
+    Order: the algorithms that match, by their ``order`` (``"first"``, ``"default"``,
+    ``"last"``; list order within each), then the ordering passes, reversed for ``AFTER_*``
+    events so paired transforms unwind like a stack; then callbacks; then logger
+    destinations that are callbacks. Every component is checked when it is registered
+    (given to the engine, or added to ``state.algorithms`` / ``state.callbacks`` later): a
+    non-algorithm, an unknown order, or a callback method that names no event raises. Each event's algorithm runs are returned as
     `Trace` objects, and the last ``history_size`` are kept in `history`.
 
     Errors keep their cause and gain the culprit's name and the event. An out-of-memory
@@ -77,8 +81,11 @@ class Engine:
         self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
         self._listeners_key: tuple[int, ...] = ()  # changes when callbacks are added or removed
         self.fired: set[Event] = set()
-        self._passes_key: tuple[int, int] = (0, 0)
+        self._algorithms_key: tuple[int, int] = (0, -1)
+        self._ranked: list[Algorithm] = []
         self._checked_setup = False
+        self._sync_algorithms()
+        self._listeners_for(Event.INIT)  # checks the callbacks and destinations now
 
     def register_pass(self, ordering_pass: OrderingPass, index: int = -1) -> None:
         """Add an ordering pass; ``index=-1`` appends, ``0`` runs it first."""
@@ -112,8 +119,8 @@ class Engine:
 
     def _run_algorithms(self, event: Event) -> list[Trace]:
         state, logger = self.state, self.logger
-        self._adopt_declared_passes()
-        matched = [a for a in state.algorithms if a.match(event, state)]
+        self._sync_algorithms()
+        matched = [a for a in self._ranked if a.match(event, state)]
         for ordering_pass in self.passes:
             matched = ordering_pass(matched, event)
         if event.is_after:
@@ -135,18 +142,20 @@ class Engine:
             c is listener for c in self.state.callbacks
         )
 
-    def _adopt_declared_passes(self) -> None:
-        # Algorithms may carry the ordering rules they need (``ordering_passes``, a class
-        # attribute): registered once each, so composition rules travel with the methods.
+    def _sync_algorithms(self) -> None:
+        # Runs when the algorithm list changes, not per event: check new algorithms, rank
+        # them by order, and register the ordering passes they carry (once each).
         algorithms = self.state.algorithms
         key = (id(algorithms), len(algorithms))
-        if key == self._passes_key:
+        if key == self._algorithms_key:
             return
-        self._passes_key = key
+        self._algorithms_key = key
         for algorithm in algorithms:
-            for ordering_pass in getattr(algorithm, "ordering_passes", ()):
+            check_algorithm(algorithm)
+            for ordering_pass in algorithm.ordering_passes:
                 if ordering_pass not in self.passes:
                     self.register_pass(ordering_pass)
+        self._ranked = sorted(algorithms, key=lambda a: ORDERS.index(a.order))
 
     def _listeners_for(self, event: Event) -> Sequence[tuple[object, Callable[..., None]]]:
         # Callbacks and destinations that only inherit no-ops are skipped; the lists are
@@ -158,6 +167,9 @@ class Engine:
             self._listeners = {}
         listeners = self._listeners.get(event)
         if listeners is None:
+            if not self._listeners:  # the registered objects changed: check them once
+                for callback in self.state.callbacks:
+                    check_listener(callback)
             unique = {id(c): c for c in [*self.state.callbacks, *self.logger.destinations]}
             listeners = [(c, _handler(c, event)) for c in unique.values() if overrides(c, event)]
             self._listeners[event] = listeners
@@ -173,10 +185,8 @@ class Engine:
         """
         problems = []
         for component in [*self.state.algorithms, *self.state.callbacks, *self.logger.destinations]:
-            for need in getattr(component, "required_events", ()):
-                options = (
-                    tuple(need) if isinstance(need, tuple | list | set | frozenset) else (need,)
-                )
+            for need in declared_required_events(component):
+                options = need if isinstance(need, tuple) else (need,)
                 if among is not None and not any(e in among for e in options):
                     continue
                 if not any(e in self.fired for e in options):
@@ -196,10 +206,15 @@ class Engine:
             self.check_required_events()
         closed = set(map(id, self.logger.destinations))
         for callback in self.state.callbacks:
-            if id(callback) not in closed and hasattr(callback, "close"):
+            if id(callback) not in closed and _closes(callback):
                 closed.add(id(callback))
                 callback.close()
         self.logger.close()
+
+
+def _closes(callback: object) -> bool:
+    # Duck-typed callbacks may have a close() of their own.
+    return isinstance(callback, Callback) or callable(getattr(type(callback), "close", None))
 
 
 def _handler(listener: object, event: Event) -> Callable[..., None]:

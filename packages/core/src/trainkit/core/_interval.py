@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 __all__ = ["IntervalTrigger", "interval_trigger"]
 
-IntervalTrigger = Callable[["State", Event], bool]
+IntervalTrigger = Callable[..., bool]
+"""A ``(state: State, event: Event) -> bool``: does the interval fire now? (Written with
+``...`` so that `typing.get_type_hints` reads it cleanly in configs.)"""
 
 
 def interval_trigger(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainkit.core.config import Configurable
 
 if TYPE_CHECKING:
     import torch
@@ -15,15 +17,18 @@ if TYPE_CHECKING:
 __all__ = ["Logger", "LoggerDestination"]
 
 
-@runtime_checkable
-class LoggerDestination(Protocol):
+class LoggerDestination(Configurable):
     """Where logged values go (console, file, wandb, ...).
 
-    Subclass it to inherit no-op defaults and implement only what you need. Values in
+    Subclass it (its methods are no-ops) and override what you need; declare options with
+    ``class MyDestination(LoggerDestination, config=MyConfig)``. Values in
     ``metrics`` may be 0-d tensors: convert them (``float(v)``) only when you write, so
     the training step never waits for the device because of logging. A destination that
     also wants loop events subclasses `Callback` too.
     """
+
+    required_events: ClassVar[tuple[Any, ...]] = ()
+    """Events the loop must fire for this destination to work (see `Algorithm`)."""
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Record the run's configuration once."""
@@ -49,17 +54,18 @@ class Logger:
     """
 
     def __init__(self, destinations: Iterable[LoggerDestination] = (), state: State | None = None):
+        from trainkit.core._checks import check_destination
+
         self.destinations: list[LoggerDestination] = list(destinations)
+        for destination in self.destinations:
+            check_destination(destination)
         self.state = state
         self._warned: set[int] = set()
 
     def _fan_out(self, method: str, *args: Any) -> None:
         for dest in self.destinations:
-            fn: Callable[..., Any] | None = getattr(dest, method, None)
-            if fn is None:
-                continue
             try:
-                fn(*args)
+                getattr(dest, method)(*args)
             except Exception as err:
                 self.report_failure(dest, method, err)
 

@@ -49,7 +49,7 @@ def prepare_run(state: State, engine: Engine, *, schedulers: Any = None) -> None
     """From a built `State` to the first batch: INIT, placement, strategy, loading.
 
     Fires INIT (surgery algorithms change the model here), moves the model to
-    ``state.device``, lets the strategy wrap or shard it, re-binds optimizers built on the
+    ``state.device``, lets the strategy wrap or shard it (and adapt the precision), re-binds optimizers built on the
     original parameters (or builds AdamW if there are none), compiles ``schedulers``, sets
     up metrics, makes the training data resumable, then fires BEFORE_LOAD (checkpoint
     loaders load here) and AFTER_LOAD.
@@ -58,6 +58,8 @@ def prepare_run(state: State, engine: Engine, *, schedulers: Any = None) -> None
     engine.run_event(Event.INIT)
     state.model.to(state.device)
     state.parallelism.prepare(state)
+    state.data_parallel_size = state.parallelism.data_parallel_size
+    state.precision = state.parallelism.precision_for(state.precision)
     unwrapped = state.parallelism.unwrap(state.model)
     rebind_optimizers(state.optimizers, unwrapped, names_before)
     if not state.optimizers:
@@ -107,8 +109,7 @@ def start_batch(state: State, engine: Engine, batch: Any) -> BatchClock:
     data = state.train_data
     assert data is not None
     started = time.perf_counter()
-    # Ranks that share data (tensor parallel) count it once.
-    streams = getattr(state.parallelism, "data_parallel_size", None) or state.world_size
+    streams = state.data_parallel_size  # ranks that share data (tensor parallel) count it once
     clock = BatchClock(
         data.get_num_samples_in_batch(batch) * streams,
         data.get_num_tokens_in_batch(batch) * streams,

@@ -1,49 +1,68 @@
-"""The `ParallelStrategy` protocol and the single-process strategy."""
+"""The `ParallelStrategy` contract and the single-process strategy."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from torch import nn
 
+from trainkit.core import dist
+from trainkit.core.config import Configurable
+
 if TYPE_CHECKING:
+    from trainkit.core._precision import Precision
     from trainkit.core._state import State
 
 __all__ = ["ParallelStrategy", "SingleProcess"]
 
+_NO_SYNC = contextlib.nullcontext()
 
-@runtime_checkable
-class ParallelStrategy(Protocol):
+
+class ParallelStrategy(Configurable, abc.ABC):
     """How the model is placed across processes.
 
     ``prepare`` wraps or shards ``state.model`` in place (the model is already on
-    ``state.device``); the Trainer then re-binds the optimizers to the new parameters by
-    name. ``no_sync`` skips gradient synchronisation for all microbatches but the last.
-    ``unwrap`` returns the user's module from whatever ``prepare`` made of it.
-
-    Optional members: ``data_parallel_size`` (how many ranks read distinct data, when
-    not all of them do, e.g. under tensor parallel; samples and tokens are counted with
-    it) and ``reset(model)`` (called after an out-of-memory error, before the retry).
+    ``state.device``); the run then re-binds the optimizers to the new parameters by name.
+    Subclass it, implement ``prepare`` and ``data_parallel_size``, and override the rest
+    where the defaults (a single replica's behaviour) do not fit.
     """
 
-    def prepare(self, state: State) -> None: ...
+    @abc.abstractmethod
+    def prepare(self, state: State) -> None:
+        """Wrap or shard ``state.model`` (and anything else the strategy owns)."""
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]: ...
+    @property
+    @abc.abstractmethod
+    def data_parallel_size(self) -> int:
+        """How many ranks read distinct data (all of them for DDP/FSDP; fewer under tensor
+        parallel, where a group of ranks shares a batch). Samples and tokens are counted
+        with it. Read after `prepare`."""
 
-    def unwrap(self, model: nn.Module) -> nn.Module: ...
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Skip gradient synchronisation (for all microbatches but the last)."""
+        return _NO_SYNC
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside whatever `prepare` made of it."""
+        return model
+
+    def reset_after_oom(self, model: nn.Module) -> None:
+        """Clear per-iteration state after an out-of-memory error, before the retry."""
+
+    def precision_for(self, precision: Precision) -> Precision:
+        """The precision to train with under this strategy (e.g. with a sharded grad
+        scaler); called once by `prepare_run` after `prepare`."""
+        return precision
 
 
-class SingleProcess:
-    """One process, one device: nothing to wrap, nothing to synchronise."""
+class SingleProcess(ParallelStrategy):
+    """No wrapping, no synchronisation: each process trains its own model on its own data."""
 
     def prepare(self, state: State) -> None:
         pass
 
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
-        yield
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model
+    @property
+    def data_parallel_size(self) -> int:
+        return dist.get_world_size()

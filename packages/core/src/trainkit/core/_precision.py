@@ -1,37 +1,180 @@
-"""`Precision` and `Device`: choosing where and in which dtype the step runs."""
+"""`Precision` (a component) and `Device`: where and in which dtype the step runs."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from enum import StrEnum
+from typing import Any
 
 import torch
 
-__all__ = ["Device", "Precision", "autocast", "resolve_device"]
+__all__ = [
+    "PRECISIONS",
+    "Device",
+    "MixedPrecision",
+    "Precision",
+    "make_precision",
+    "resolve_device",
+]
 
 
-class Precision(StrEnum):
-    """Numeric precision of the forward pass; parameters and optimizer stay fp32."""
+PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
+"""The precision names `make_precision` accepts."""
 
-    FP32 = "fp32"
-    AMP_FP16 = "amp_fp16"
-    AMP_BF16 = "amp_bf16"
 
-    @classmethod
-    def parse(cls, value: Precision | str | None, device: torch.device) -> Precision:
-        if value is None:
-            return cls.FP32
-        try:
-            precision = cls(value)
-        except ValueError:
-            accepted = ", ".join(repr(p.value) for p in cls)
-            raise ValueError(f"unknown precision {value!r}; accepted: {accepted}") from None
-        if precision == cls.AMP_FP16 and device.type != "cuda":
-            raise ValueError(
-                f"precision 'amp_fp16' needs a CUDA device (it uses a gradient scaler), but the "
-                f"device is {device.type!r}; use 'amp_bf16' or 'fp32' on {device.type}"
-            )
-        return precision
+class Precision:
+    """How the step runs numerically: autocast, loss scaling, the optimizer step.
+
+    One object owns all of it, so the loop never branches on a precision and a parallel
+    strategy can supply its own (`ParallelStrategy.precision_for`). This base class is
+    fp32: no autocast, plain backward and step. Parameters and optimizer state stay fp32
+    in every precision.
+    """
+
+    name: str = "fp32"
+    """The name a config gives (``"fp32"``, ``"amp_bf16"``, ``"amp_fp16"``)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype the forward pass computes in under autocast (None: no autocast)."""
+        return None
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the loss is scaled, so that a step may be skipped on inf/NaN gradients."""
+        return False
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """The context for forward passes and the loss."""
+        return _NO_AUTOCAST
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward through ``loss`` (scaled first, where the precision scales it)."""
+        loss.backward()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer``'s gradients true gradients (before clipping or reading them)."""
+
+    def step(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Step every optimizer."""
+        for optimizer in optimizers:
+            optimizer.step()
+
+    def reset_after_oom(self) -> None:
+        """Forget the failed attempt's per-step state (called before a retry)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State saved with the run (the grad scaler's, for fp16)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, device={str(self.device)!r})"
+
+
+class MixedPrecision(Precision):
+    """Autocast to bf16 or fp16; fp16 scales the loss with a gradient scaler.
+
+    Args:
+        device: where the step runs.
+        dtype: ``torch.bfloat16`` or ``torch.float16``.
+        scaler_factory: builds the gradient scaler for fp16 (default:
+            ``torch.amp.GradScaler(device.type)``); a strategy that shards gradients
+            passes its own (e.g. FSDP's ``ShardedGradScaler``).
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        *,
+        scaler_factory: Callable[[], torch.amp.GradScaler] | None = None,
+    ) -> None:
+        super().__init__(device)
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"mixed precision computes in bfloat16 or float16, not {dtype}")
+        self.dtype = dtype
+        self.name = "amp_bf16" if dtype == torch.bfloat16 else "amp_fp16"
+        self.scaler_factory = scaler_factory or (lambda: torch.amp.GradScaler(self.device.type))
+        self.scaler = self.scaler_factory() if dtype == torch.float16 else None
+
+    @property
+    def autocast_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    @property
+    def scales_loss(self) -> bool:
+        return self.scaler is not None
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        if self.scaler is None:
+            super().step(optimizers)
+            return
+        for optimizer in optimizers:
+            self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def reset_after_oom(self) -> None:
+        # A fresh scaler with the old one's scale and growth counter: its per-step records
+        # of the failed attempt (unscaled optimizers, inf checks) are gone.
+        if self.scaler is not None:
+            saved = self.scaler.state_dict()
+            self.scaler = self.scaler_factory()
+            if saved:
+                self.scaler.load_state_dict(saved)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def make_precision(value: Precision | str | None, device: torch.device) -> Precision:
+    """A `Precision` from its name (``"fp32"``, ``"amp_bf16"``, ``"amp_fp16"``) or as given."""
+    if isinstance(value, Precision):
+        return value
+    name = check_precision(value)
+    if name == "fp32":
+        return Precision(device)
+    if name == "amp_bf16":
+        return MixedPrecision(device, torch.bfloat16)
+    if device.type != "cuda":
+        raise ValueError(
+            f"precision 'amp_fp16' needs a CUDA device (it uses a gradient scaler), but the "
+            f"device is {device.type!r}; use 'amp_bf16' or 'fp32' on {device.type}"
+        )
+    return MixedPrecision(device, torch.float16)
+
+
+def check_precision(value: Precision | str | None) -> str:
+    """The precision's name; raises for a name that is not one (without building anything)."""
+    if isinstance(value, Precision):
+        return value.name
+    name = "fp32" if value is None else value
+    if name not in PRECISIONS:
+        raise ValueError(
+            f"unknown precision {value!r}; accepted: {', '.join(map(repr, PRECISIONS))} or a "
+            "trainkit.core.Precision object"
+        )
+    return name
 
 
 class Device(StrEnum):
@@ -41,16 +184,22 @@ class Device(StrEnum):
     AUTO = "auto"
 
 
+def check_device(device: Device | str | torch.device | None) -> Device | None:
+    """The kind of device named (None for a `torch.device`); raises for an unknown name."""
+    if isinstance(device, torch.device):
+        return None
+    try:
+        return Device("auto" if device is None else device)
+    except ValueError:
+        accepted = ", ".join(repr(d.value) for d in Device)
+        raise ValueError(f"unknown device {device!r}; accepted: {accepted}") from None
+
+
 def resolve_device(device: Device | str | torch.device | None, local_rank: int = 0) -> torch.device:
     """Turn ``"auto"``/``"cuda"``/... into a concrete `torch.device` for this rank."""
     if isinstance(device, torch.device):
         return device
-    name = "auto" if device is None else device
-    try:
-        kind = Device(name)
-    except ValueError:
-        accepted = ", ".join(repr(d.value) for d in Device)
-        raise ValueError(f"unknown device {device!r}; accepted: {accepted}") from None
+    kind = check_device(device)
     if kind == Device.AUTO:
         if torch.cuda.is_available():
             kind = Device.CUDA
@@ -67,14 +216,6 @@ def resolve_device(device: Device | str | torch.device | None, local_rank: int =
     if kind == Device.MPS and not torch.backends.mps.is_available():
         raise ValueError("device 'mps' was requested but MPS is not available; use 'cpu' or 'auto'")
     return torch.device(kind.value)
-
-
-def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """Autocast for ``precision`` on ``device``; a no-op context for fp32."""
-    if precision == Precision.FP32:
-        return _NO_AUTOCAST
-    dtype = torch.float16 if precision == Precision.AMP_FP16 else torch.bfloat16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 _NO_AUTOCAST = contextlib.nullcontext()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from trainkit.core._callback import Callback
@@ -13,22 +14,42 @@ if TYPE_CHECKING:
     from trainkit.core._logger import Logger
     from trainkit.core._state import State
 
-__all__ = ["ProgressLines"]
+__all__ = ["ProgressLines", "ProgressLinesConfig"]
 
 
-class ProgressLines(Callback, LoggerDestination):
+@dataclass(kw_only=True)
+class ProgressLinesConfig:
+    interval: int | None = None
+    """Batches between lines (default: about ten per epoch)."""
+    stream: IO[str] | None = None
+    """Where to print (default: standard output). Set from code only."""
+
+    def __post_init__(self) -> None:
+        if self.interval is not None and (
+            isinstance(self.interval, bool)
+            or not isinstance(self.interval, int)
+            or self.interval < 1
+        ):
+            raise ValueError(
+                f"progress interval {self.interval!r} is not valid; use a number of batches >= 1, "
+                "or None for about ten lines per epoch"
+            )
+
+
+class ProgressLines(Callback, LoggerDestination, config=ProgressLinesConfig):
     """One line every ``interval`` batches (default: ~10 per epoch) and after each eval, rank 0 only."""
 
-    def __init__(self, interval: int | None = None, stream: IO[str] | None = None):
-        self.interval = interval
-        self.stream = stream
+    config: ProgressLinesConfig
+
+    def __init__(self, config: ProgressLinesConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self._latest: dict[str, Any] = {}
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         self._latest.update(metrics)
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        interval = self.interval or max(1, (state.dataloader_len or 500) // 10)
+        interval = self.config.interval or max(1, (state.dataloader_len or 500) // 10)
         if state.rank != 0 or (state.timestamp.batch % interval and not state.is_done()):
             return
         ts = state.timestamp
@@ -50,4 +71,4 @@ class ProgressLines(Callback, LoggerDestination):
         )
 
     def _print(self, line: str) -> None:
-        print(line, file=self.stream or sys.stdout, flush=True)
+        print(line, file=self.config.stream or sys.stdout, flush=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from trainkit.core import dist
-from trainkit.core._callback import Algorithm
+from trainkit.core._callback import Algorithm, Stateful
 from trainkit.core._data import DataSpec
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
 from trainkit.core._precision import Precision
@@ -41,7 +41,7 @@ class State:
     """The run's state. Algorithms and callbacks read and change it at each event.
 
     Everything needed to resume exactly is in `state_dict`: model, optimizers, schedulers,
-    grad scaler, timestamp, RNG states of every rank, data position, metrics, and the
+    precision (its grad scaler), timestamp, RNG states of every rank, data position, metrics, and the
     state of every algorithm and callback that has one. The tensors it returns are the
     live ones: copy (or save) them before training goes on.
     """
@@ -52,13 +52,14 @@ class State:
     train_data: DataSpec | None = None
     evaluators: list[Evaluator] = field(default_factory=list)
     max_duration: Time | None = None
-    precision: Precision = Precision.FP32
+    precision: Precision = field(default_factory=Precision)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     seed: int = 0
     device_train_microbatch_size: int | None = None
     auto_microbatching: bool = False
-    scaler: torch.amp.GradScaler | None = None
     parallelism: ParallelStrategy = field(default_factory=SingleProcess)
+    data_parallel_size: int = 1
+    """How many ranks read distinct data (from the strategy, set once by `prepare_run`)."""
     run_name: str = "run"
     algorithms: list[Algorithm] = field(default_factory=list)
     callbacks: list[Any] = field(default_factory=list)
@@ -95,6 +96,10 @@ class State:
     def stop_training(self) -> None:
         """Stop after the current batch (its end-of-batch events and checkpoints still run)."""
         self._stop_requested = True
+
+    def clear_stop(self) -> None:
+        """Forget a stop request (each ``fit`` starts with none)."""
+        self._stop_requested = False
 
     @property
     def stop_requested(self) -> bool:
@@ -137,8 +142,8 @@ class State:
             "algorithms": _states_by_name(self.algorithms),
             "callbacks": _states_by_name(self.callbacks),
         }
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
+        if precision_state := self.precision.state_dict():
+            state["precision"] = precision_state
         if self.train_data is not None:
             state["data"] = self.train_data.state_dict()
         return state
@@ -165,8 +170,8 @@ class State:
             self.timestamp = Timestamp.from_state_dict(state["timestamp"])
         if "rng" in state:
             self._load_rng(state["rng"])
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
+        if "precision" in state:
+            self.precision.load_state_dict(state["precision"])
         if self.train_data is not None and "data" in state:
             self.train_data.load_state_dict(state["data"])
         for name, metric_state in state.get("train_metrics", {}).items():
@@ -212,8 +217,7 @@ def _names(objects: Sequence[Any]) -> list[str]:
 def _states_by_name(objects: Sequence[Any]) -> dict[str, Any]:
     states = {}
     for name, obj in zip(_names(objects), objects, strict=True):
-        state_dict: Callable[[], dict[str, Any]] | None = getattr(obj, "state_dict", None)
-        if state_dict is not None and (value := state_dict()):
+        if isinstance(obj, Stateful) and (value := obj.state_dict()):
             states[name] = value
     return states
 

@@ -10,7 +10,7 @@ import contextlib
 import copy
 import gc
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -18,12 +18,12 @@ from torch import nn
 from trainkit.core import dist
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
-from trainkit.core._precision import autocast
 from trainkit.core._state import Evaluator, State
 
 __all__ = [
     "eval_forward",
     "evaluate",
+    "microbatch_weights",
     "optimizer_step",
     "rebind_optimizers",
     "run_microbatches",
@@ -43,10 +43,10 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     """
     batch, data = state.batch, state.train_data
     assert data is not None, "run_microbatches needs state.train_data"
-    model = state.model
+    model, precision = state.model, state.precision
     unwrapped = state.parallelism.unwrap(model)
     microbatches = _split(state, batch)
-    weights = _loss_weights(unwrapped, data, microbatches)
+    weights = microbatch_weights(unwrapped, data, microbatches)
     engine.run_event(Event.BEFORE_TRAIN_BATCH)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
@@ -57,17 +57,17 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
         with sync:
             state.batch = microbatch
             engine.run_event(Event.BEFORE_FORWARD)
-            with autocast(state.precision, state.device):
+            with precision.autocast():
                 state.outputs = model(state.batch)
             engine.run_event(Event.AFTER_FORWARD)
             _update_train_metrics(state, unwrapped)
             engine.run_event(Event.BEFORE_LOSS)
-            with autocast(state.precision, state.device):
+            with precision.autocast():
                 state.loss = unwrapped.loss(state.outputs, state.batch)
             engine.run_event(Event.AFTER_LOSS)
             engine.run_event(Event.BEFORE_BACKWARD)
             scaled = state.loss if weight is None else state.loss * weight
-            (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+            precision.backward(scaled)
             engine.run_event(Event.AFTER_BACKWARD)
         total = scaled.detach() if total is None else total + scaled.detach()
     state.batch = batch
@@ -85,8 +85,10 @@ def _split(state: State, batch: Any) -> list[Any]:
     return list(data.split_batch(batch, size))
 
 
-def _loss_weights(model: nn.Module, data: Any, microbatches: list[Any]) -> list[Any]:
-    # One microbatch: the loss is used as it is (no extra node in the graph).
+def microbatch_weights(model: nn.Module, data: Any, microbatches: list[Any]) -> list[Any]:
+    """Each microbatch's share of the batch, by the model's ``loss_weight(batch)`` (label
+    tokens, for token-mean losses) or else in samples; ``[None]`` for a single microbatch
+    (its loss is used as it is, with no extra node in the graph)."""
     if len(microbatches) == 1:
         return [None]
     measure = getattr(model, "loss_weight", None) or data.get_num_samples_in_batch
@@ -107,7 +109,7 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
 
     With ``state.auto_microbatching``, every rank reports whether it ran out of memory
     (one collective per attempt) and all retry together with half the size, after
-    clearing gradients, outputs and the grad scaler's per-step state.
+    clearing gradients, outputs, the strategy's and the precision's per-step state.
     """
     batch = state.batch
     while True:
@@ -131,16 +133,10 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
 
 def _clear_after_oom(state: State, batch: Any) -> None:
     state.batch, state.outputs, state.loss, state.total_loss = batch, None, None, None
-    reset = getattr(state.parallelism, "reset", None)
-    if reset is not None:  # e.g. FSDP2's reset_iter_state() after a failed forward/backward
-        reset(state.model)
+    state.parallelism.reset_after_oom(state.model)  # e.g. FSDP2's reset_iter_state()
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
-    if state.scaler is not None:
-        from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
-        state.scaler._per_optimizer_states.clear()
-        state.scaler._per_optimizer_states.default_factory = _refresh_per_optimizer_state
+    state.precision.reset_after_oom()
     gc.collect()
     if state.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -159,14 +155,8 @@ def _halve_microbatch(state: State, batch: Any) -> None:
 
 
 def optimizer_step(state: State) -> None:
-    """Step every optimizer, through the grad scaler when there is one."""
-    if state.scaler is not None:
-        for optimizer in state.optimizers:
-            state.scaler.step(optimizer)
-        state.scaler.update()
-    else:
-        for optimizer in state.optimizers:
-            optimizer.step()
+    """Step every optimizer, as the run's precision does it (through a grad scaler for fp16)."""
+    state.precision.step(state.optimizers)
 
 
 def scheduler_step(state: State) -> None:
@@ -207,7 +197,7 @@ def _evaluate_one(
             state.batch = data.device_transfer(batch, state.device)
             engine.run_event(Event.EVAL_BATCH_START)
             engine.run_event(Event.EVAL_BEFORE_FORWARD)
-            with autocast(state.precision, state.device):
+            with state.precision.autocast():
                 state.outputs = eval_forward(model, state.batch)
             engine.run_event(Event.EVAL_AFTER_FORWARD)
             for metric in metrics.values():
@@ -229,38 +219,62 @@ def rebind_optimizers(
     optimizers: Iterable[torch.optim.Optimizer],
     model: nn.Module,
     names_before: Mapping[int, str],
+    *,
+    new_parameters: Literal["error", "add_to_first_group"] = "error",
 ) -> int:
-    """Point optimizers at the model's current parameters, matching them by name.
+    """Point optimizers at the model's current parameters; the one re-binding utility.
 
     ``names_before`` maps ``id(parameter)`` to its name when the optimizers were built
-    (``{id(p): n for n, p in model.named_parameters()}``). Parameters that surgery or a
-    parallel strategy replaced under the same name are swapped in, with their optimizer
-    state. Returns how many were swapped.
+    (``{id(p): n for n, p in model.named_parameters()}``). A parameter that a strategy or
+    surgery replaced under the same name is swapped in, with its optimizer state.
+
+    A parameter that left the model with no same-named replacement is an error by default
+    (``"error"``: a strategy must not lose parameters). Surgery that changes the model's
+    structure passes ``new_parameters="add_to_first_group"``: vanished parameters are
+    dropped, and parameters that are new in the model (not in ``names_before``, held by no
+    optimizer) join the first optimizer's first group. Returns how many were swapped or added.
 
     Raises:
-        ValueError: a parameter vanished from the model and no parameter now has its name.
+        ValueError: in ``"error"`` mode, a parameter vanished without a replacement.
     """
+    optimizers = list(optimizers)
     current = dict(model.named_parameters())
     live = {id(p) for p in current.values()}
-    swapped = 0
+    changed = 0
+    held: set[int] = set()
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             params = []
             for param in group["params"]:
-                if id(param) in live:
-                    params.append(param)
-                    continue
-                name = names_before.get(id(param))
-                if name is None or name not in current:
-                    raise ValueError(
-                        f"an optimizer holds parameter {name or '<unnamed>'!r}, which is no longer "
-                        "in the model and has no replacement of the same name; the algorithm or "
-                        "strategy that replaced it must re-bind the optimizer itself"
-                    )
-                new = current[name]
-                if param in optimizer.state:
-                    optimizer.state[new] = optimizer.state.pop(param)
-                params.append(new)
-                swapped += 1
+                replacement = (
+                    param if id(param) in live else _same_name(param, current, names_before)
+                )
+                if replacement is None:
+                    if new_parameters == "error":
+                        name = names_before.get(id(param))
+                        raise ValueError(
+                            f"an optimizer holds parameter {name or '<unnamed>'!r}, which is no "
+                            "longer in the model and has no replacement of the same name; the "
+                            "algorithm or strategy that replaced it must re-bind the optimizer "
+                            "(trainkit.core.loop.rebind_optimizers)"
+                        )
+                    continue  # surgery removed it
+                if replacement is not param:
+                    if param in optimizer.state:
+                        optimizer.state[replacement] = optimizer.state.pop(param)
+                    changed += 1
+                params.append(replacement)
+                held.add(id(replacement))
             group["params"] = params
-    return swapped
+    if new_parameters == "add_to_first_group" and optimizers:
+        added = [p for p in current.values() if id(p) not in held and id(p) not in names_before]
+        optimizers[0].param_groups[0]["params"].extend(added)
+        changed += len(added)
+    return changed
+
+
+def _same_name(
+    param: torch.Tensor, current: Mapping[str, nn.Parameter], names_before: Mapping[int, str]
+) -> nn.Parameter | None:
+    name = names_before.get(id(param))
+    return current.get(name) if name is not None else None

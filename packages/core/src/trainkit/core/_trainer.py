@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,92 +19,119 @@ from trainkit.core._interval import IntervalTrigger, interval_trigger
 from trainkit.core._logger import Logger, LoggerDestination
 from trainkit.core._loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
-from trainkit.core._precision import Device, Precision, autocast, resolve_device
+from trainkit.core._precision import (
+    Precision,
+    check_device,
+    check_precision,
+    make_precision,
+    resolve_device,
+)
 from trainkit.core._rng import random_seed, seed_everything
 from trainkit.core._state import State
 from trainkit.core._step import eval_forward, evaluate, optimizer_step, train_batch
 from trainkit.core._time import Time, TimeUnit, ensure_time
+from trainkit.core.config import Configurable, slot, to_plain
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "TrainerConfig"]
 
 
-class Trainer:
-    """Trains a `TrainModel`.
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """Everything a `Trainer` is built from. ``Trainer(**fields)`` builds it for you."""
 
-    Args:
-        model: the model; it must define ``loss(outputs, batch)``.
-        train_dataloader: a `DataLoader`, any re-iterable of batches, or a `DataSpec`.
-        max_duration: how long to train: ``"10ep"``, ``"500ba"``, ``"1e6tok"``, ``"1h"``, an
-            int (epochs), or None if every `fit` call gives a ``duration``.
-        optimizers: one or more optimizers built on ``model.parameters()``. They keep working
-            after algorithms or the strategy replace parameters (re-bound by name). Default:
-            AdamW with lr 1e-3, built after algorithms and the strategy have run.
-        schedulers: trainkit schedules (`trainkit.core.schedulers`) or torch LR schedulers;
-            all are stepped after every batch.
-        algorithms / callbacks / loggers: run by the `Engine` at each `Event`.
-        eval_dataloader: a loader, a `DataSpec`, an `Evaluator`, a list of `Evaluator`, or
-            a dict ``{label: loader}``.
-        eval_interval: a duration (``"1ep"``, ``"500ba"``, ``"0.25dur"``) or a callable
-            ``(state, event) -> bool``. Training always ends with an evaluation.
-        precision: ``"fp32"``, ``"amp_bf16"`` or ``"amp_fp16"`` (CUDA, with a grad scaler).
-        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"`` or a `torch.device`.
-        device_train_microbatch_size: None (whole batch), a size for gradient
-            accumulation, or ``"auto"`` (halve on out-of-memory, agreed across ranks).
-        parallelism: a `ParallelStrategy` (default: single process).
-        seed: the run's seed (rank r uses seed + r); random and broadcast if None.
-        deterministic: use deterministic kernels only (slower, bitwise reproducible on GPU).
-        progress_bar: show progress (trainkit-loggers' bar when installed, else plain lines).
-        run_name: name of the run (default: from the start time).
+    model: nn.Module = slot("trainkit.models")
+    """The model; it must define ``loss(outputs, batch)`` (a `TrainModel`)."""
+    train_dataloader: Any = slot("trainkit.data", default=None)
+    """A `DataLoader`, any re-iterable of batches, or a `DataSpec`."""
+    max_duration: Time | str | int | None = None
+    """How long to train: ``"10ep"``, ``"500ba"``, ``"1e6tok"``, ``"1h"``, an int (epochs),
+    or None if every `fit` call gives a ``duration``."""
+    optimizers: Any = slot("trainkit.optimizers", default=None)
+    """One or more optimizers built on ``model.parameters()``; they keep working after
+    algorithms or the strategy replace parameters (re-bound by name). Default: AdamW with
+    lr 1e-3, built after algorithms and the strategy have run."""
+    schedulers: Any = slot("trainkit.schedulers", default=None)
+    """trainkit schedules (`trainkit.core.schedulers`) or torch LR schedulers; all are
+    stepped after every batch."""
+    algorithms: Sequence[Algorithm] = slot("trainkit.algorithms", default=())
+    """Training methods, run by the `Engine` at each `Event`."""
+    callbacks: Sequence[Any] = slot("trainkit.callbacks", default=())
+    """Observers of the loop, run after the algorithms at each `Event`."""
+    loggers: Sequence[LoggerDestination] = slot("trainkit.loggers", default=())
+    """Where logged values go."""
+    eval_dataloader: Any = slot("trainkit.data", default=None)
+    """A loader, a `DataSpec`, an `Evaluator`, a list of `Evaluator`, or a dict
+    ``{label: loader}``."""
+    eval_interval: Time | str | int | IntervalTrigger = "1ep"
+    """A duration (``"1ep"``, ``"500ba"``, ``"0.25dur"``) or a callable
+    ``(state, event) -> bool``. Training always ends with an evaluation."""
+    precision: str | Precision | None = "fp32"
+    """``"fp32"``, ``"amp_bf16"``, ``"amp_fp16"`` (CUDA, with a grad scaler), or a
+    `Precision` object."""
+    device: str | torch.device | None = "auto"
+    """``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"`` or a `torch.device`."""
+    device_train_microbatch_size: int | str | None = None
+    """None (whole batch), a size for gradient accumulation, or ``"auto"`` (halve on
+    out-of-memory, agreed across ranks)."""
+    parallelism: ParallelStrategy | None = slot("trainkit.parallel", default=None)
+    """A `ParallelStrategy` (default: single process)."""
+    seed: int | None = None
+    """The run's seed (rank r uses seed + r); random and broadcast if None."""
+    deterministic: bool = False
+    """Use deterministic kernels only (slower, bitwise reproducible on GPU)."""
+    progress_bar: bool = True
+    """Show progress (trainkit-loggers' bar when installed, else plain lines)."""
+    run_name: str | None = None
+    """Name of the run (default: from the start time)."""
+
+    def __post_init__(self) -> None:
+        # What can be checked without the model, data or devices: a config file's mistakes
+        # surface when it is read, naming the field.
+        _check_max_duration(self.max_duration)
+        interval_trigger(self.eval_interval)
+        check_precision(self.precision)
+        check_device(self.device)
+        setup.check_microbatch_size(self.device_train_microbatch_size, None)
+
+
+class Trainer(Configurable, config=TrainerConfig):
+    """Trains a `TrainModel`, as its `TrainerConfig` says.
+
+    ``Trainer(model=..., train_dataloader=..., max_duration="10ep")`` and
+    ``Trainer(TrainerConfig(...))`` are the same; see `TrainerConfig` for every field.
     """
 
-    def __init__(
-        self,
-        *,
-        model: nn.Module,
-        train_dataloader: Any = None,
-        max_duration: Time | str | int | None,
-        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
-        schedulers: Any = None,
-        algorithms: Sequence[Algorithm] = (),
-        callbacks: Sequence[Any] = (),
-        loggers: Sequence[LoggerDestination] = (),
-        eval_dataloader: Any = None,
-        eval_interval: Time | str | int | IntervalTrigger = "1ep",
-        precision: Precision | str | None = "fp32",
-        device: Device | str | torch.device | None = "auto",
-        device_train_microbatch_size: int | str | None = None,
-        parallelism: ParallelStrategy | None = None,
-        seed: int | None = None,
-        deterministic: bool = False,
-        progress_bar: bool = True,
-        run_name: str | None = None,
-    ):
+    config: TrainerConfig
+
+    def __init__(self, config: TrainerConfig | None = None, /, **options: Any):
+        super().__init__(config, **options)
+        config = self.config
+        model = config.model
         setup.check_model(model)
-        device = resolve_device(device, dist.get_local_rank())
-        precision = Precision.parse(precision, device)
+        device = resolve_device(config.device, dist.get_local_rank())
+        precision = make_precision(config.precision, device)
         train_data = (
-            setup.to_dataspec(train_dataloader, "train_dataloader")
-            if train_dataloader is not None
+            setup.to_dataspec(config.train_dataloader, "train_dataloader")
+            if config.train_dataloader is not None
             else None
         )
-        microbatch, auto = setup.check_microbatch_size(device_train_microbatch_size, train_data)
-        duration = _check_max_duration(max_duration)
-        for algorithm in algorithms:
-            if not isinstance(algorithm, Algorithm):
-                raise TypeError(
-                    f"{type(algorithm).__name__} is not an Algorithm: it needs match(event, state) and apply(event, state, logger)"
-                )
-        seed = dist.broadcast_object(random_seed()) if seed is None else seed
+        microbatch, auto = setup.check_microbatch_size(
+            config.device_train_microbatch_size, train_data
+        )
+        duration = _check_max_duration(config.max_duration)
+        seed = dist.broadcast_object(random_seed()) if config.seed is None else config.seed
         seed_everything(seed + dist.get_rank())
-        if deterministic:
+        if config.deterministic:
             _set_deterministic(device)
-        evaluators = setup.make_evaluators(eval_dataloader)
-        self._eval_trigger = interval_trigger(eval_interval)
-        destinations = list(loggers)
-        if progress_bar:
+        evaluators = setup.make_evaluators(config.eval_dataloader)
+        self._eval_trigger = interval_trigger(config.eval_interval)
+        destinations = list(config.loggers)
+        if config.progress_bar:
             destinations.append(setup.progress_destination(train_data))
 
-        optimizers = setup.make_optimizers(optimizers, model) if optimizers is not None else []
+        optimizers = (
+            setup.make_optimizers(config.optimizers, model) if config.optimizers is not None else []
+        )
         self.state = state = State(
             model=model.to(device),
             optimizers=optimizers,
@@ -115,16 +143,15 @@ class Trainer:
             seed=seed,
             device_train_microbatch_size=microbatch,
             auto_microbatching=auto,
-            scaler=torch.amp.GradScaler(device.type) if precision == Precision.AMP_FP16 else None,
-            parallelism=parallelism or SingleProcess(),
-            run_name=run_name or setup.default_run_name(),
-            algorithms=list(algorithms),
-            callbacks=list(callbacks),
+            parallelism=config.parallelism or SingleProcess(),
+            run_name=config.run_name or setup.default_run_name(),
+            algorithms=list(config.algorithms),
+            callbacks=list(config.callbacks),
         )
         self.logger = Logger(destinations, state)
         self.engine = Engine(state, self.logger)
-        prepare_run(state, self.engine, schedulers=schedulers)
-        self.logger.log_hyperparameters(self._hyperparameters())  # destinations started at INIT
+        prepare_run(state, self.engine, schedulers=config.schedulers)
+        self.logger.log_hyperparameters(self.hyperparameters())  # destinations started at INIT
         self._last_eval_batch = -1
         self.last_eval: dict[str, Any] = {}
         """Metrics of the most recent evaluation (during fit or by `eval`)."""
@@ -151,10 +178,7 @@ class Trainer:
         setup.refresh_schedules(state)
         # Ranks that share data (tensor parallel) count it once: the strategy says how many
         # distinct data streams there are.
-        self._world_size = (
-            getattr(state.parallelism, "data_parallel_size", None) or state.world_size
-        )
-        state._stop_requested = False
+        state.clear_stop()
         state.model.train()
         self.engine.run_event(Event.FIT_START)
         self.engine.run_event(Event.ITERATION_START)
@@ -229,7 +253,7 @@ class Trainer:
                 state.batch = data.device_transfer(batch, state.device)
                 engine.run_event(Event.PREDICT_BATCH_START)
                 engine.run_event(Event.PREDICT_BEFORE_FORWARD)
-                with autocast(state.precision, state.device):
+                with state.precision.autocast():
                     state.outputs = eval_forward(model, state.batch)
                 engine.run_event(Event.PREDICT_AFTER_FORWARD)
                 if return_outputs:
@@ -267,20 +291,19 @@ class Trainer:
             # The new data starts at its beginning, so it starts a new epoch.
             state.timestamp = state.timestamp.to_next_epoch()
 
-    def _hyperparameters(self) -> dict[str, Any]:
+    def hyperparameters(self) -> dict[str, Any]:
+        """The run's configuration as plain data: every `TrainerConfig` field (components
+        with their own configs), resolved where the Trainer chose (seed, device, ...)."""
         state = self.state
-        return {
-            "run_name": state.run_name,
+        resolved = {
             "seed": state.seed,
-            "max_duration": str(state.max_duration),
-            "precision": state.precision.value,
-            "device": str(state.device),
-            "device_train_microbatch_size": "auto"
-            if state.auto_microbatching
-            else state.device_train_microbatch_size,
-            "world_size": state.world_size,
-            "algorithms": [type(a).__name__ for a in state.algorithms],
+            "run_name": state.run_name,
+            "device": state.device,
+            "precision": state.precision.name,
+            "parallelism": state.parallelism,
+            "optimizers": state.optimizers,
         }
+        return {**to_plain(self.config), **to_plain(resolved), "world_size": state.world_size}
 
 
 def _check_max_duration(max_duration: Time | str | int | None) -> Time | None:

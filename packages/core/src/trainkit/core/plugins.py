@@ -1,12 +1,28 @@
 """Entry-point discovery. Listing names imports nothing; `load` imports one entry point.
 
-Groups: ``trainkit.algorithms``, ``trainkit.callbacks``, ``trainkit.loggers``,
-``trainkit.parallel``, ``trainkit.storage``, ``trainkit.commands``, and for configs
-``trainkit.models`` / ``trainkit.data`` (factories by name). Third-party packages
-register in the same groups as trainkit's own packages::
+Groups (`GROUPS`):
+
+- ``trainkit.algorithms``: `Algorithm` classes (trainkit-algorithms).
+- ``trainkit.callbacks``: `Callback` classes (checkpointing, monitors, profilers).
+- ``trainkit.loggers``: `LoggerDestination` classes.
+- ``trainkit.parallel``: `ParallelStrategy` classes.
+- ``trainkit.schedulers``: learning-rate schedules (trainkit-core registers its own:
+  ``constant``, ``linear``, ``linear_with_warmup``, ``cosine``, ``cosine_with_warmup``,
+  ``multistep``, ``exponential``, ``polynomial``, ``step``).
+- ``trainkit.optimizers``: optimizer classes or factories whose first argument is the
+  model's parameters (trainkit-core registers torch.optim's by class name: ``AdamW``,
+  ``SGD``, ...).
+- ``trainkit.models`` / ``trainkit.data``: factories by name for config files (a data
+  factory returns ``{"train": loader, "eval": loader}``).
+- ``trainkit.storage``: checkpoint storage back ends, by URL scheme.
+- ``trainkit.commands``: ``trainkit`` subcommands, ``main(argv) -> int``.
+
+Each of the component groups fills the `TrainerConfig` field of the same name (its slot)
+when a config file names an entry point. Third-party packages register in the same groups
+as trainkit's own, naming the module that defines the component::
 
     [project.entry-points."trainkit.algorithms"]
-    my_method = "my_package:MyMethod"
+    my_method = "my_package.my_method:MyMethod"
 """
 
 from __future__ import annotations
@@ -22,6 +38,8 @@ GROUPS = (
     "trainkit.callbacks",
     "trainkit.loggers",
     "trainkit.parallel",
+    "trainkit.schedulers",
+    "trainkit.optimizers",
     "trainkit.storage",
     "trainkit.commands",
     "trainkit.models",

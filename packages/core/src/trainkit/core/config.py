@@ -1,0 +1,235 @@
+"""One config dataclass per component, declared once; everything else is derived from it.
+
+A component (the Trainer, an algorithm, a strategy, a callback, a logger destination, a
+schedule) declares its options as a keyword-only dataclass with a docstring under each
+field, and takes an instance of it::
+
+    @dataclass(kw_only=True)
+    class EMAConfig:
+        half_life: str = "1000ba"
+        \"\"\"After this long, older weights count half as much.\"\"\"
+
+    class EMA(Algorithm, config=EMAConfig):
+        def __init__(self, config: EMAConfig | None = None, /, **options: Any):
+            super().__init__(config, **options)   # sets self.config
+            ...
+
+    EMA(EMAConfig(half_life="100ba"))  # the config
+    EMA(half_life="100ba")             # keyword arguments build the same config
+
+The CLI's YAML schema and its errors, ``trainkit train --print-config``, the logged
+hyperparameters and the docs all read these dataclasses (`settings`, `field_docs`,
+`to_plain`), so a new field needs no other edit.
+
+A field that holds built objects rather than a plain value (the model, the optimizers,
+algorithms, ...) is a *slot*: ``slot("trainkit.algorithms", default_factory=list)``. A config
+file fills a slot by naming entry points of that group.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import functools
+import inspect
+import itertools
+import os
+import textwrap
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
+
+__all__ = [
+    "Configurable",
+    "attribute_docs",
+    "build_config",
+    "check_config_class",
+    "field_docs",
+    "is_slot",
+    "settings",
+    "slot",
+    "slot_group",
+    "slots",
+    "to_plain",
+]
+
+C = TypeVar("C")
+_SLOT = "trainkit.slot"
+_MISSING: Any = dataclasses.MISSING
+
+
+def slot(group: str | None, *, default: Any = _MISSING, default_factory: Any = _MISSING) -> Any:
+    """A config field for built objects, filled in a config file from the entry points of ``group``."""
+    if default_factory is not _MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata={_SLOT: group})
+    return dataclasses.field(default=default, metadata={_SLOT: group})
+
+
+def is_slot(field: dataclasses.Field[Any]) -> bool:
+    return _SLOT in field.metadata
+
+
+def slot_group(field: dataclasses.Field[Any]) -> str | None:
+    """The entry-point group of a slot field (None for a slot no group fills)."""
+    return field.metadata[_SLOT]
+
+
+def settings(config_class: type) -> list[dataclasses.Field[Any]]:
+    """The fields that hold plain values (what a config file sets directly)."""
+    return [f for f in dataclasses.fields(config_class) if not is_slot(f)]
+
+
+def slots(config_class: type) -> list[dataclasses.Field[Any]]:
+    """The fields that hold built objects."""
+    return [f for f in dataclasses.fields(config_class) if is_slot(f)]
+
+
+def check_config_class(config_class: Any, owner: str) -> None:
+    """Raise unless ``config_class`` is a keyword-only dataclass."""
+    if not (isinstance(config_class, type) and dataclasses.is_dataclass(config_class)):
+        raise TypeError(f"{owner}: config must be a dataclass type, got {config_class!r}")
+    positional = [f.name for f in dataclasses.fields(config_class) if not f.kw_only]
+    if positional:
+        raise TypeError(
+            f"{owner}: {config_class.__name__} must be @dataclass(kw_only=True); "
+            f"positional fields: {positional}"
+        )
+    if any(f.name == "name" for f in dataclasses.fields(config_class)):
+        raise TypeError(
+            f"{owner}: {config_class.__name__} has a field called 'name', which config files "
+            "and logs use for the component's own name; call it e.g. 'run_name' or 'label'"
+        )
+
+
+def build_config(config_class: type[C], config: C | None, options: Mapping[str, Any]) -> C:
+    """``config`` (default: the class's defaults) with ``options`` replacing its fields.
+
+    Options are applied with `dataclasses.replace`, which runs ``__post_init__`` again on
+    the new values: validate there, but do not rewrite fields (derive values on the
+    component instead), or an override would meet the rewritten value.
+
+    Raises:
+        TypeError: ``config`` is of another class, or an option is not a field; the message
+            lists the fields.
+    """
+    if config is not None and not isinstance(config, config_class):
+        raise TypeError(
+            f"expected a {config_class.__name__}, got {type(config).__name__}; pass the config "
+            "positionally or its fields as keyword arguments"
+        )
+    names = [f.name for f in dataclasses.fields(config_class)]  # type: ignore[arg-type]
+    unknown = [key for key in options if key not in names]
+    if unknown:
+        raise TypeError(
+            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}; "
+            f"its fields: {', '.join(names) or 'none'}"
+        )
+    if config is None:
+        return config_class(**options)
+    return dataclasses.replace(config, **options) if options else config  # type: ignore[type-var]
+
+
+class Configurable:
+    """Base of components built from one config dataclass (see the module docstring).
+
+    A subclass names its dataclass with ``class X(Base, config=XConfig)`` and calls
+    ``super().__init__(config, **options)``, which sets ``self.config``. A component with
+    nothing to configure may declare no config class; its ``config`` is then None.
+    """
+
+    config_class: ClassVar[type[Any] | None] = None
+    config: Any = None  # also for subclasses whose __init__ does not call super().__init__
+
+    def __init_subclass__(cls, *, config: type | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if config is not None:
+            check_config_class(config, cls.__name__)
+            cls.config_class = config
+
+    def __init__(self, config: Any = None, /, **options: Any) -> None:
+        config_class = type(self).config_class
+        if config_class is None:
+            if config is not None or options:
+                raise TypeError(
+                    f"{type(self).__name__} takes no options (it declares no config class; "
+                    f"write class {type(self).__name__}(..., config=MyConfig) to add some)"
+                )
+            self.config = None
+            return
+        self.config = build_config(config_class, config, options)
+
+
+def to_plain(value: Any) -> Any:
+    """``value`` as plain data (for logs, printed configs): dicts, lists, str, numbers.
+
+    Configs become dicts of their fields; a `Configurable` becomes
+    ``{"name": <class>, **its config}``; other objects become their class name.
+    """
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return value.value
+    if _is_plain_printable(value):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Configurable):
+        return {"name": type(value).__name__, **(to_plain(value.config) or {})}
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if _is_optimizer(value):
+        return {"name": type(value).__name__, **to_plain(value.defaults)}
+    if isinstance(value, list | tuple):
+        return [to_plain(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if inspect.isroutine(value) or isinstance(value, type):
+        return getattr(value, "__qualname__", repr(value))
+    return type(value).__name__
+
+
+def _is_optimizer(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.optim.Optimizer)
+
+
+def _is_plain_printable(value: Any) -> bool:
+    # Small value types whose str() is their meaning (Time, torch.device, torch.dtype).
+    from trainkit.core._time import Time
+
+    if isinstance(value, Time):
+        return True
+    module = type(value).__module__
+    return module == "torch" and type(value).__name__ in ("device", "dtype")
+
+
+@functools.cache
+def field_docs(config_class: type) -> dict[str, str]:
+    """The docstring under each field of ``config_class`` (and its dataclass bases)."""
+    docs: dict[str, str] = {}
+    for cls in reversed(config_class.__mro__):
+        if cls is object or not dataclasses.is_dataclass(cls):
+            continue
+        docs.update(attribute_docs(cls))
+    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(config_class)}
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """The docstrings under the annotated attributes written in ``cls``'s own body."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, following in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(following.value.value)
+    return docs
