@@ -125,9 +125,14 @@ def main() -> None:
         "bare_copy": trainer([], []),  # the noise floor: it should come out at 1.000
         "logged": trainer(
             [SpeedMonitor(), MemoryMonitor()],
-            [ConsoleLogger(stream=console), FileLogger(os.path.join(folder.name, "{run_name}"))],
+            [
+                ConsoleLogger(stream=console),
+                FileLogger(folder=os.path.join(folder.name, "{run_name}")),
+            ],
         ),
-        "profiler": trainer([Profiler(os.path.join(folder.name, "traces"), skip_first=10**9)], []),
+        "profiler": trainer(
+            [Profiler(folder=os.path.join(folder.name, "traces"), skip_first=10**9)], []
+        ),
     }
 
     def run(name: str) -> Callable[[], tuple[float, float]]:
@@ -206,9 +211,9 @@ def main() -> None:
         "bare": ([], []),
         "logged": (
             [SpeedMonitor(), MemoryMonitor()],
-            [ConsoleLogger(stream=console), FileLogger(hooks_folder.name)],
+            [ConsoleLogger(stream=console), FileLogger(folder=hooks_folder.name)],
         ),
-        "profiler": ([Profiler(hooks_folder.name, skip_first=10**12)], []),
+        "profiler": ([Profiler(folder=hooks_folder.name, skip_first=10**12)], []),
     }
     with open(os.devnull, "w") as console:
         setups["logged"][1][0].stream = console

@@ -20,20 +20,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainkit.algorithms import GradientClipping
 from trainkit.checkpoint import Checkpointer
-from trainkit.core import (
-    DataSpec,
-    Engine,
-    Event,
-    Logger,
-    State,
-    Time,
-    epoch_batches,
-    finish_batch,
-    finish_epoch,
-    prepare_run,
-    seed_everything,
-    start_batch,
-)
+from trainkit.core import DataSpec, Engine, Event, Logger, State, Time
+from trainkit.core.loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
+from trainkit.core.rng import seed_everything
 from trainkit.loggers import FileLogger
 
 
@@ -54,12 +43,14 @@ def build(args: argparse.Namespace) -> Engine:
         train_data=DataSpec(DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)),
         max_duration=Time.from_timestring(args.max_duration),
         seed=args.seed,
-        algorithms=[GradientClipping("norm", 1.0)],
+        algorithms=[GradientClipping(clipping_type="norm", clipping_threshold=1.0)],
         callbacks=[
-            Checkpointer(os.path.join(args.run_dir, "checkpoints"), interval="8ba", autoresume=True)
+            Checkpointer(
+                folder=os.path.join(args.run_dir, "checkpoints"), interval="8ba", autoresume=True
+            )
         ],
     )
-    return Engine(state, Logger([FileLogger(args.run_dir)], state))
+    return Engine(state, Logger([FileLogger(folder=args.run_dir)], state))
 
 
 def step(state: State, engine: Engine) -> torch.Tensor:

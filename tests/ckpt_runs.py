@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import signal
 
@@ -11,9 +10,10 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
 
+from multirank import fork_context
 from toy import blobs, loader, mlp
 from trainkit.checkpoint import Checkpointer
-from trainkit.core import Callback, Trainer
+from trainkit.core import Callback, ParallelStrategy, Trainer, dist
 
 
 class KillAt(Callback):
@@ -31,7 +31,7 @@ def trainer(
     folder=None, *, callbacks=(), model=None, max_duration="3ep", **checkpointer
 ) -> Trainer:
     model = model or mlp(dropout=0.2)
-    extra = [Checkpointer(folder, **checkpointer)] if folder is not None else []
+    extra = [Checkpointer(folder=folder, **checkpointer)] if folder is not None else []
     return Trainer(
         model=model,
         train_dataloader=loader(blobs(128)),
@@ -52,7 +52,7 @@ def in_child(fn, *args) -> int:
         torch.set_num_threads(1)
         fn(*args)
 
-    proc = mp.get_context("fork").Process(target=target)
+    proc = fork_context().Process(target=target)  # refuses while CUDA is visible
     proc.start()
     proc.join(120)
     if proc.is_alive():
@@ -62,8 +62,12 @@ def in_child(fn, *args) -> int:
     return proc.exitcode
 
 
-class Shard:
+class Shard(ParallelStrategy):
     """FSDP2 on every Linear and the root: enough of a strategy to shard the checkpoint."""
+
+    @property
+    def data_parallel_size(self):
+        return dist.get_world_size()
 
     def prepare(self, state):
         for module in state.model.modules():

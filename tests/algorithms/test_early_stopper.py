@@ -52,40 +52,47 @@ def run(callback, values, label="eval", max_duration="10ba"):
 
 
 def test_stops_after_patience_checks_without_improvement():
-    stopper = EarlyStopper("score", patience=2)
+    stopper = EarlyStopper(monitor="score", patience=2)
     assert run(stopper, [0.5, 0.6, 0.6, 0.55, 0.9, 0.9]) == 4
     assert stopper.best == pytest.approx(0.6)
 
 
 def test_min_delta_and_inferred_min_mode():
     # "loss" is minimised; improvements of less than 0.1 do not count.
-    stopper = EarlyStopper("loss", min_delta=0.1, patience=2)
-    assert stopper.config.mode == "min"
+    stopper = EarlyStopper(monitor="loss", min_delta=0.1, patience=2)
+    assert stopper.mode == "min" and stopper.config.mode is None  # the config keeps what was given
     assert run(stopper, [1.0, 0.95, 0.5, 0.45, 0.42, 0.1]) == 5
+
+
+def test_overriding_the_monitor_infers_the_mode_again():
+    config = EarlyStopperConfig(monitor="accuracy")
+    assert EarlyStopper(config).mode == "max"
+    assert EarlyStopper(config, monitor="loss").mode == "min"
+    assert ThresholdStopper(monitor="perplexity", threshold=3.0).mode == "min"
 
 
 def test_patience_as_time_and_train_metrics():
     # 2 batches per epoch; the train metric is checked at each epoch end; patience 2 epochs.
-    stopper = EarlyStopper("score", dataloader_label="train", patience="2ep")
+    stopper = EarlyStopper(monitor="score", dataloader_label="train", patience="2ep")
     assert run(stopper, [0.1] * 20, label="train", max_duration="10ep") == 2 * 3
 
 
 def test_never_stops_while_improving():
-    assert run(EarlyStopper("score", patience=1), [0.1 * i for i in range(1, 20)]) == 10
+    assert run(EarlyStopper(monitor="score", patience=1), [0.1 * i for i in range(1, 20)]) == 10
 
 
 def test_state_survives_a_resume():
-    stopper = EarlyStopper("score", patience=3)
+    stopper = EarlyStopper(monitor="score", patience=3)
     stopper.best, stopper.best_at, stopper.checks = 0.7, 2, 4
-    other = EarlyStopper("score", patience=3)
+    other = EarlyStopper(monitor="score", patience=3)
     other.load_state_dict(stopper.state_dict())
     assert (other.best, other.best_at, other.checks) == (0.7, 2, 4)
 
 
 def test_threshold_stopper_stops_when_reached():
-    assert run(ThresholdStopper("score", threshold=0.8), [0.1, 0.5, 0.79, 0.8, 0.95]) == 4
-    assert run(ThresholdStopper("loss", threshold=0.2), [0.9, 0.5, 0.19, 0.1]) == 3
-    assert run(ThresholdStopper("score", 0.5, mode="min"), [0.9, 0.7, 0.5]) == 3
+    assert run(ThresholdStopper(monitor="score", threshold=0.8), [0.1, 0.5, 0.79, 0.8, 0.95]) == 4
+    assert run(ThresholdStopper(monitor="loss", threshold=0.2), [0.9, 0.5, 0.19, 0.1]) == 3
+    assert run(ThresholdStopper(monitor="score", threshold=0.5, mode="min"), [0.9, 0.7, 0.5]) == 3
 
 
 def test_unknown_metric_or_label_fails_before_training():
@@ -93,11 +100,11 @@ def test_unknown_metric_or_label_fails_before_training():
         Exception,
         match="watches metric 'accuracy', which 'eval' does not compute; available: loss, score",
     ):
-        run(EarlyStopper("accuracy"), [0.1])
+        run(EarlyStopper(monitor="accuracy"), [0.1])
     with pytest.raises(
         Exception, match="watches dataloader_label 'val', which this run does not have"
     ):
-        run(ThresholdStopper("score", 0.5, dataloader_label="val"), [0.1])
+        run(ThresholdStopper(monitor="score", threshold=0.5, dataloader_label="val"), [0.1])
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ def test_runs_after_backward_and_before_the_step():
         model=model,
         train_dataloader=loader(blobs()),
         max_duration="3ba",
-        algorithms=[GradientClipping("norm", 0.5)],
+        algorithms=[GradientClipping(clipping_type="norm", clipping_threshold=0.5)],
         callbacks=[Explode(), GradNorm()],  # GradNorm runs after the algorithm at AFTER_TRAIN_BATCH
         progress_bar=False,
         device="cpu",

@@ -17,10 +17,12 @@ def test_smooth_labels_of_indices_and_of_probabilities():
     )
     probs = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
     assert torch.allclose(
-        smooth_labels(logits[:1], probs, 0.2), torch.tensor([[0.45, 0.45, 0.05, 0.05]])
+        smooth_labels(logits[:1], probs, smoothing=0.2), torch.tensor([[0.45, 0.45, 0.05, 0.05]])
     )
     # Classes along dim 1 for dense targets (segmentation).
-    dense = smooth_labels(torch.zeros(1, 3, 2, 2), torch.zeros(1, 2, 2, dtype=torch.long), 0.3)
+    dense = smooth_labels(
+        torch.zeros(1, 3, 2, 2), torch.zeros(1, 2, 2, dtype=torch.long), smoothing=0.3
+    )
     assert dense.shape == (1, 3, 2, 2) and torch.allclose(dense[:, 0], torch.full((1, 2, 2), 0.8))
 
 
@@ -44,7 +46,7 @@ def test_trainer_loss_equals_label_smoothed_cross_entropy():
         model=mlp(dropout=0.0),
         train_dataloader=loader(blobs(64)),
         max_duration="3ba",
-        algorithms=[LabelSmoothing(0.1)],
+        algorithms=[LabelSmoothing(smoothing=0.1)],
         callbacks=[check],
         progress_bar=False,
         device="cpu",

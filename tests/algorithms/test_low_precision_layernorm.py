@@ -12,9 +12,8 @@ from trainkit.algorithms import (
     LowPrecisionLayerNormConfig,
     LPLayerNorm,
     apply_low_precision_layernorm,
-    order_by_role,
 )
-from trainkit.core import Callback, Classifier, Event, Trainer, plugins
+from trainkit.core import Callback, Classifier, Engine, Event, Logger, State, Trainer, plugins
 
 
 def net():
@@ -88,8 +87,22 @@ def test_does_nothing_in_an_fp32_run_and_says_so():
 
 
 def test_runs_after_other_surgery():
-    lp, blur = LowPrecisionLayerNorm(), BlurPool()
-    assert order_by_role([lp, blur], Event.INIT) == [blur, lp]
+    log = []
+
+    class LoggedLowPrecisionLayerNorm(LowPrecisionLayerNorm):
+        def apply(self, event, state, logger):
+            log.append("low_precision")
+
+    class LoggedBlurPool(BlurPool):
+        def apply(self, event, state, logger):
+            log.append("blurpool")
+
+    assert LowPrecisionLayerNorm.order == "last"
+    state = State(
+        model=nn.Linear(1, 1), algorithms=[LoggedLowPrecisionLayerNorm(), LoggedBlurPool()]
+    )
+    Engine(state, Logger([], state)).run_event(Event.INIT)
+    assert log == ["blurpool", "low_precision"]
 
 
 def test_warns_when_nothing_matches():

@@ -1,33 +1,55 @@
-"""Composition rules: roles order algorithms; combined loss interpolation warns once."""
+"""Composition rules: methods that mix targets, combined, warn once; SAM reads the same flag."""
 
 import warnings
 
 import pytest
 
-from trainkit.algorithms import order_by_role, warn_on_combined_loss_interpolation
-from trainkit.core import Event
+from trainkit.algorithms import (
+    ComposableAlgorithm,
+    CutMix,
+    LabelSmoothing,
+    MixUp,
+    warn_on_combined_loss_interpolation,
+)
+from trainkit.core import Event, plugins
 
 
-class Method:
-    def __init__(self, role=None):
-        self.composition_role = role
+class Method(ComposableAlgorithm):
+    def match(self, event, state):
+        return True
+
+    def apply(self, event, state, logger):
+        pass
 
 
-def test_first_and_last_roles():
-    a, first, b, last = Method(), Method("first"), Method(), Method("last")
-    assert order_by_role([last, a, first, b], Event.BEFORE_FORWARD) == [first, a, b, last]
+class MixA(Method):
+    mixes_targets = True
+
+
+class MixB(Method):
+    mixes_targets = True
 
 
 def test_combined_loss_interpolation_warns_once():
-    class MixA(Method):
-        pass
-
-    class MixB(Method):
-        pass
-
-    algorithms = [MixA("interpolates_loss"), MixB("interpolates_loss")]
+    algorithms = [MixA(), Method(), MixB()]
     with pytest.warns(UserWarning, match="MixA, MixB all interpolate targets"):
         warn_on_combined_loss_interpolation(algorithms, Event.AFTER_DATALOADER)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_on_combined_loss_interpolation(algorithms, Event.AFTER_DATALOADER)
+
+
+def test_one_mixing_method_alone_does_not_warn():
+    algorithms = [MixA(), Method()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_on_combined_loss_interpolation(algorithms, Event.AFTER_LOSS) is algorithms
+
+
+def test_exactly_mixup_cutmix_and_label_smoothing_mix_targets():
+    mixing = set()
+    for name in plugins.available("trainkit.algorithms"):
+        cls = plugins.load("trainkit.algorithms", name)
+        if issubclass(cls, ComposableAlgorithm) and cls.mixes_targets:
+            mixing.add(cls)
+    assert mixing == {MixUp, CutMix, LabelSmoothing}

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from toy import blobs, loader, mlp
 from trainkit.algorithms import (
@@ -13,7 +14,7 @@ from trainkit.algorithms import (
     select_high_loss,
     should_select,
 )
-from trainkit.core import Callback, Trainer, plugins
+from trainkit.core import Callback, Engine, Event, Logger, State, Trainer, plugins
 
 
 def test_select_high_loss_keeps_the_highest_in_order():
@@ -86,11 +87,20 @@ def test_trainer_drops_the_low_loss_fraction_in_the_window():
 
 
 def test_runs_first_whatever_its_place_in_the_list():
-    from trainkit.algorithms import order_by_role
-    from trainkit.core import Event
+    log = []
 
-    sb, cutout = SelectiveBackprop(), CutOut()
-    assert order_by_role([cutout, sb], Event.BATCH_START) == [sb, cutout]
+    class LoggedSelectiveBackprop(SelectiveBackprop):
+        def apply(self, event, state, logger):
+            log.append("selective_backprop")
+
+    class LoggedCutOut(CutOut):
+        def apply(self, event, state, logger):
+            log.append("cutout")
+
+    assert SelectiveBackprop.order == "first"
+    state = State(model=nn.Linear(1, 1), algorithms=[LoggedCutOut(), LoggedSelectiveBackprop()])
+    Engine(state, Logger([], state)).run_event(Event.BATCH_START)
+    assert log == ["selective_backprop", "cutout"]
 
 
 def test_custom_per_sample_loss_and_model_without_per_sample_outputs():

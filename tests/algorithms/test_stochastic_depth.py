@@ -88,7 +88,7 @@ def test_through_the_trainer_drops_in_fit_and_not_in_eval():
         train_dataloader=DataLoader(data, batch_size=8),
         eval_dataloader=DataLoader(data, batch_size=8),
         max_duration="1ep",
-        algorithms=[StochasticDepth(Residual, drop_rate=0.75, drop_distribution="uniform")],
+        algorithms=[StochasticDepth(target=Residual, drop_rate=0.75, drop_distribution="uniform")],
         callbacks=[Count()],
         progress_bar=False,
         device="cpu",
@@ -110,12 +110,21 @@ def test_warns_when_nothing_matches():
         ({"drop_rate": 1.0}, "drop_rate"),
         ({"drop_distribution": "cubic"}, "drop_distribution"),
         ({"mode": "layer"}, "mode"),
-        ({"target": "Residual"}, "target"),
+        ({"target": 3}, "target"),
+        ({"target": ""}, "target"),
     ],
 )
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         StochasticDepthConfig(**{"target": Residual, **kwargs})
+
+
+def test_a_class_name_or_full_name_selects_the_blocks_like_the_class():
+    by_class = apply_stochastic_depth(net(), target=Residual)
+    by_name = apply_stochastic_depth(net(), target="Residual")
+    by_full_name = apply_stochastic_depth(net(), target=f"{__name__}.Residual")
+    assert sorted(by_name) == sorted(by_class) == sorted(by_full_name)
+    assert by_class
 
 
 def test_entry_point():

@@ -101,3 +101,39 @@ def test_replacements_follow_each_modules_device_in_a_model_on_several_devices()
     replace_modules(model, {nn.Linear: lambda m, i: Doubler(nn.Linear(4, 4))})
     assert model[0].gain.device.type == "cpu" and model[0].inner.weight.device.type == "cpu"
     assert model[1].gain.device.type == "meta" and model[1].inner.weight.device.type == "meta"
+
+
+def ids(params):
+    return [id(p) for p in params]
+
+
+def test_new_parameters_join_the_first_group_of_the_first_optimizer_and_vanished_ones_leave():
+    model = net()
+    first = torch.optim.SGD(
+        [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.01}], lr=0.1
+    )
+    second = torch.optim.SGD(model[3].parameters(), lr=0.1)
+    kept = ids(model[2].parameters())
+    replace_modules(
+        model,
+        # Linear matches in order: "0" (kept), "2" (wrapped, gains a parameter), "3.0" (removed).
+        {nn.Linear: lambda m, i: [None, Doubler(m), nn.Identity()][i]},
+        optimizers=[first, second],
+    )
+    assert ids(first.param_groups[0]["params"]) == [*ids(model[0].parameters()), id(model[2].gain)]
+    assert ids(first.param_groups[1]["params"]) == kept  # the wrapped Linear's, same objects
+    assert second.param_groups[0]["params"] == []  # its Linear left the model
+
+
+def test_a_parameter_replaced_under_the_same_name_takes_its_predecessors_place():
+    model = net()
+    optimizer = torch.optim.SGD(
+        [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.01}], lr=0.1
+    )
+    old = model[2]
+    replace_modules(
+        model, {(lambda m: m is old): lambda m, i: nn.Linear(4, 4)}, optimizers=optimizer
+    )
+    assert model[2] is not old
+    assert ids(optimizer.param_groups[0]["params"]) == ids(model[0].parameters())
+    assert ids(optimizer.param_groups[1]["params"]) == ids(model[2].parameters())

@@ -104,4 +104,4 @@ def test_callable_interval(tmp_path):
 )
 def test_bad_arguments(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        Checkpointer(tmp_path, **kwargs)
+        Checkpointer(folder=tmp_path, **kwargs)

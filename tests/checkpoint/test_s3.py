@@ -9,7 +9,7 @@ from botocore.exceptions import EndpointConnectionError
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from ckpt_runs import KillAt, in_child, trainer
-from multirank import free_port, run_ranks
+from multirank import run_ranks
 from toy import flat_params
 from trainkit.checkpoint import (
     Checkpointer,
@@ -173,7 +173,7 @@ def test_uploads_are_retried_and_the_manifest_goes_up_after_every_shard(s3):
     assert list_checkpoints(f"{s3.url}/run", storage_options=s3.options) == [f"{s3.url}/run/ckpt"]
     assert s3.client.get_object(Bucket=s3.bucket, Key="run/latest")["Body"].read() == b"ckpt\n"
     # The next Checkpointer to save there clears what the failed save left.
-    Checkpointer(f"{s3.url}/run", storage_options=s3.options).save(run.state)
+    Checkpointer(folder=f"{s3.url}/run", storage_options=s3.options).save(run.state)
     assert not [key for key in s3.objects() if key.startswith("run/ep9-ba99/")]
 
 
@@ -186,8 +186,8 @@ class Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def test_unreachable_endpoint_is_a_clear_error_without_secrets(s3_server):
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+def test_unreachable_endpoint_is_a_clear_error_without_secrets(s3_server, refused_endpoint):
+    dead = refused_endpoint  # nothing listens there
     options = {
         "endpoint_url": dead,
         "aws_access_key_id": "AKIA-test",

@@ -14,9 +14,9 @@ SCRIPT = textwrap.dedent(
     import sys
     import torch
     import torch.distributed as dist
-    from trainkit.cli._env import init_distributed_from_env
+    from trainkit.core.dist import init_distributed
 
-    init_distributed_from_env()
+    init_distributed(single_process=False)
     rank = dist.get_rank()
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
@@ -35,7 +35,12 @@ def launch(tmp_path, exit_code):
         capture_output=True,
         text=True,
         timeout=240,
-        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        env={
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "PATH": "/usr/bin:/bin",
+            "CUDA_VISIBLE_DEVICES": "",  # gloo on CPU, GPU or not (docs/testing.md)
+        },
     )
 
 

@@ -7,16 +7,11 @@ def test_plugins_lists_groups_with_distributions(capsys):
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
     assert "trainkit.loggers (" in out
-    assert "progress" in out and "[trainkit-loggers]" in out
     assert "tiny_gpt2" in out and "[trainkit-cli]" in out
     assert "trainkit.commands (" in out
-
-
-def test_contributed_command_is_dispatched(tmp_path, capsys):
-    # `plot` comes from trainkit-loggers through the trainkit.commands entry point.
-    code = main(["plot", str(tmp_path)])
-    assert code != 0
-    assert "metrics.jsonl" in capsys.readouterr().err
+    assert "trainkit.schedulers (9)" in out and "trainkit.core.schedulers:" in out
+    assert "trainkit.optimizers (" in out and "torch.optim:AdamW" in out
+    assert "[trainkit-core]" in out
 
 
 def test_no_command_prints_help(capsys):

@@ -1,11 +1,13 @@
 """The Trainer loop: training, durations, accumulation, precision, eval, predict."""
 
+import time
+
 import pytest
 import torch
 from torch import nn
 
 from toy import OOMAbove, blobs, flat_params, loader, mlp
-from trainkit.core import Callback, Event, Time, TimeUnit, Trainer
+from trainkit.core import Algorithm, Callback, Event, ParallelStrategy, Time, TimeUnit, Trainer
 
 
 def make_trainer(model=None, data=None, **kwargs):
@@ -75,10 +77,24 @@ def test_token_duration_counts_input_ids():
     assert trainer.state.timestamp.batch == 3
 
 
-def test_wall_clock_duration_stops():
-    trainer = make_trainer(max_duration="0.001s")
+class SecondPerBatch(Callback):
+    """A fake ``time.perf_counter``: it stands still, except that each batch takes 1 s."""
+
+    def __init__(self, monkeypatch):
+        self.now = 1000.0
+        # Patched on the time module, so the loop sees it whichever module measures batches.
+        monkeypatch.setattr(time, "perf_counter", lambda: self.now)
+
+    def batch_start(self, state, logger):
+        self.now += 1.0
+
+
+def test_wall_clock_duration_stops(monkeypatch):
+    # 8 batches an epoch; the limit is crossed during batch 3 (3 s >= 2.5 s), not before.
+    trainer = make_trainer(max_duration="2.5s", callbacks=[SecondPerBatch(monkeypatch)])
     trainer.fit()
-    assert trainer.state.timestamp.batch == 1
+    assert trainer.state.timestamp.batch == 3
+    assert trainer.state.timestamp.total_wct == pytest.approx(3.0)
 
 
 def test_fit_with_duration_continues_the_run():
@@ -242,7 +258,7 @@ def test_default_optimizer_is_built_after_init_surgery():
     class Widen(Callback):
         pass
 
-    class ReplaceHead:
+    class ReplaceHead(Algorithm):
         def match(self, event, state):
             return event == Event.INIT
 
@@ -258,7 +274,7 @@ def test_user_optimizer_is_rebound_after_surgery_at_init():
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
-    class ReplaceHead:
+    class ReplaceHead(Algorithm):
         def match(self, event, state):
             return event == Event.INIT
 
@@ -276,7 +292,7 @@ def test_user_optimizer_is_rebound_after_surgery_at_init():
 
 
 def test_user_optimizer_is_rebound_after_a_strategy_replaces_parameters():
-    class ReplaceParameters:
+    class ReplaceParameters(ParallelStrategy):
         """Stands in for a strategy that shards: every parameter becomes a new object."""
 
         def prepare(self, state):
@@ -284,13 +300,9 @@ def test_user_optimizer_is_rebound_after_a_strategy_replaces_parameters():
                 for name, param in list(module.named_parameters(recurse=False)):
                     setattr(module, name, nn.Parameter(param.detach().clone()))
 
-        def no_sync(self, model):
-            import contextlib
-
-            return contextlib.nullcontext()
-
-        def unwrap(self, model):
-            return model
+        @property
+        def data_parallel_size(self):
+            return 1
 
     model = mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)

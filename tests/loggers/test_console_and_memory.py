@@ -29,9 +29,12 @@ def _fit(*loggers, duration="2ep", **kwargs):
 
 def test_console_prints_every_interval_and_after_each_eval():
     out = io.StringIO()
-    _fit(ConsoleLogger("3ba", stream=out))
+    _fit(ConsoleLogger(interval="3ba", stream=out))
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("[hyperparameters] run_name: ")
+    assert lines[0].startswith("[hyperparameters] model: Classifier  ")
+    assert "  max_duration: 2ep  " in lines[0] and "  run_name: run-" in lines[0]
+    # Nested hyperparameters (the components' configs) are printed as dotted keys.
+    assert "  loggers.0.name: ConsoleLogger  loggers.0.interval: 3ba  " in lines[0]
     train = [line for line in lines if line.startswith("[epoch")]
     # Batches 3 and 6 cross the interval; batch 8 is the last one.
     assert [line.split("]")[0] for line in train] == [
@@ -47,7 +50,7 @@ def test_console_prints_every_interval_and_after_each_eval():
 
 def test_console_epoch_interval():
     out = io.StringIO()
-    _fit(ConsoleLogger("1ep", stream=out, print_hyperparameters=False))
+    _fit(ConsoleLogger(interval="1ep", stream=out, print_hyperparameters=False))
     train = [line for line in out.getvalue().splitlines() if not line.startswith("[eval")]
     assert [line.split("]")[0] for line in train] == ["[end of epoch 0", "[end of epoch 1"]
 
@@ -57,13 +60,24 @@ def test_console_is_silent_on_other_ranks(monkeypatch):
 
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     out = io.StringIO()
-    _fit(ConsoleLogger("1ba", stream=out), duration="2ba")
+    _fit(ConsoleLogger(interval="1ba", stream=out), duration="2ba")
     assert out.getvalue() == ""
 
 
 def test_console_rejects_a_bad_interval():
     with pytest.raises(ValueError, match="is not a duration"):
-        ConsoleLogger("every batch")
+        ConsoleLogger(interval="every batch")
+
+
+def test_console_prints_nested_hyperparameters_as_dotted_keys():
+    out = io.StringIO()
+    ConsoleLogger(stream=out).log_hyperparameters(
+        {"lr": 0.1, "algorithms": [{"name": "EMA", "half_life": "100ba"}], "tags": []}
+    )
+    assert out.getvalue() == (
+        "[hyperparameters] lr: 0.1  algorithms.0.name: EMA  algorithms.0.half_life: 100ba  "
+        "tags: []\n"
+    )
 
 
 def test_in_memory_keeps_latest_and_history():
@@ -73,6 +87,9 @@ def test_in_memory_keeps_latest_and_history():
     assert all(isinstance(value, float) for _, value in memory.history("loss/train/total"))
     assert memory.latest["loss/train/total"] == memory.history("loss/train/total")[-1][1]
     assert memory.hyperparameters["max_duration"] == "3ba"
+    # Kept nested, as the Trainer logs them: components as {"name": ..., **fields}.
+    assert memory.hyperparameters["loggers"] == [{"name": "InMemoryLogger"}]
+    assert memory.hyperparameters["optimizers"][0]["name"] == "AdamW"
     assert "metrics/eval/accuracy" in memory.keys
     with pytest.raises(KeyError, match="no metric 'nope' was logged; logged: "):
         memory.history("nope")

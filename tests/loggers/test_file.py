@@ -8,7 +8,7 @@ import torch
 
 from toy import blobs, loader, mlp
 from trainkit.core import Callback, CallbackError, Trainer
-from trainkit.loggers import FileLogger, read_jsonl
+from trainkit.loggers import FileLogger, FileLoggerConfig, read_jsonl
 
 
 def _trainer(tmp_path, *loggers, callbacks=(), duration="2ep", run_name="demo", **kwargs):
@@ -28,13 +28,23 @@ def _trainer(tmp_path, *loggers, callbacks=(), duration="2ep", run_name="demo", 
 
 
 def test_one_file_per_run_with_hyperparameters_and_every_step(tmp_path):
-    file = FileLogger(tmp_path / "{run_name}")
+    file = FileLogger(folder=tmp_path / "{run_name}")
     with _trainer(tmp_path, file) as trainer:
         trainer.fit()
     assert file.path == tmp_path / "demo" / "metrics.jsonl"
     records = read_jsonl(file.path)
     assert records[0]["hyperparameters"]["run_name"] == "demo"
     assert records[0]["hyperparameters"]["max_duration"] == "2ep"
+    # Nested as logged: each component as {"name": ..., **its config}.
+    assert records[0]["hyperparameters"]["loggers"] == [
+        {
+            "name": "FileLogger",
+            "flush_interval": 5.0,
+            "rank_zero_only": True,
+            "folder": str(tmp_path / "{run_name}"),
+            "filename": "metrics.jsonl",
+        }
+    ]
     metrics = [r for r in records if "metrics" in r]
     losses = [
         (r["step"], r["metrics"]["loss/train/total"])
@@ -49,7 +59,7 @@ def test_one_file_per_run_with_hyperparameters_and_every_step(tmp_path):
 
 
 def test_nothing_is_written_per_step_until_the_interval_or_the_end_of_fit(tmp_path):
-    file = FileLogger(tmp_path / "{run_name}", flush_interval=3600)
+    file = FileLogger(folder=tmp_path / "{run_name}", flush_interval=3600)
     lines_seen = []
 
     class Peek(Callback):
@@ -64,7 +74,7 @@ def test_nothing_is_written_per_step_until_the_interval_or_the_end_of_fit(tmp_pa
 
 
 def test_readable_while_training_runs(tmp_path):
-    file = FileLogger(tmp_path / "{run_name}", flush_interval=0)
+    file = FileLogger(folder=tmp_path / "{run_name}", flush_interval=0)
     steps_seen = []
 
     class Peek(Callback):
@@ -78,7 +88,7 @@ def test_readable_while_training_runs(tmp_path):
 
 
 def test_values_stay_tensors_until_written(tmp_path, sync_counter):
-    file = FileLogger(tmp_path, flush_interval=3600)
+    file = FileLogger(folder=tmp_path, flush_interval=3600)
     loss = torch.tensor(0.5)
     with sync_counter() as counter:
         for step in range(100):
@@ -96,14 +106,16 @@ def test_values_stay_tensors_until_written(tmp_path, sync_counter):
 
 def test_a_resumed_run_appends_to_its_file(tmp_path):
     for _ in range(2):
-        with _trainer(tmp_path, FileLogger(tmp_path / "{run_name}"), duration="2ba") as trainer:
+        with _trainer(
+            tmp_path, FileLogger(folder=tmp_path / "{run_name}"), duration="2ba"
+        ) as trainer:
             trainer.fit()
     records = read_jsonl(tmp_path / "demo" / "metrics.jsonl")
     assert sum("hyperparameters" in r for r in records) == 2
 
 
 def test_non_finite_and_non_numeric_values_are_kept(tmp_path):
-    file = FileLogger(tmp_path)
+    file = FileLogger(folder=tmp_path)
     file.log_metrics({"nan": torch.tensor(float("nan")), "n": torch.tensor(3), "s": "text"}, 1)
     file.close()
     (record,) = read_jsonl(file.path)
@@ -115,17 +127,17 @@ def test_an_unwritable_folder_fails_before_training(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(CallbackError, match="FileLogger cannot write") as err:
-        _trainer(tmp_path, FileLogger(blocker / "logs"))
+        _trainer(tmp_path, FileLogger(folder=blocker / "logs"))
     assert "a-file/logs/metrics.jsonl" in str(err.value)
 
 
 def test_a_bad_folder_template_says_what_is_accepted(tmp_path):
     with pytest.raises(CallbackError, match=r"may contain '\{run_name\}' and '\{rank\}'"):
-        _trainer(tmp_path, FileLogger(tmp_path / "{run}"))
+        _trainer(tmp_path, FileLogger(folder=tmp_path / "{run}"))
 
 
 def test_a_disk_that_fills_up_mid_run_does_not_stop_training(tmp_path):
-    file = FileLogger(tmp_path / "{run_name}", flush_interval=0)
+    file = FileLogger(folder=tmp_path / "{run_name}", flush_interval=0)
 
     class DiskFull(Callback):
         def batch_end(self, state, logger):
@@ -150,7 +162,7 @@ def test_a_disk_that_fills_up_mid_run_does_not_stop_training(tmp_path):
 def test_upload_file_copies_into_the_run_folder(tmp_path):
     source = tmp_path / "weights.bin"
     source.write_bytes(b"abc")
-    file = FileLogger(tmp_path / "run")
+    file = FileLogger(folder=tmp_path / "run")
     file.upload_file("artifacts/weights.bin", source)
     assert (tmp_path / "run" / "artifacts" / "weights.bin").read_bytes() == b"abc"
     with pytest.raises(FileExistsError, match="overwrite=True"):
@@ -162,12 +174,12 @@ def test_only_rank_zero_writes_by_default(tmp_path, monkeypatch):
     from trainkit.core import dist
 
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
-    file = FileLogger(tmp_path / "r", flush_interval=0)
+    file = FileLogger(folder=tmp_path / "r", flush_interval=0)
     file.log_hyperparameters({"a": 1})
     file.log_metrics({"x": 1.0}, 1)
     file.close()
     assert not (tmp_path / "r").exists()
-    every = FileLogger(tmp_path / "r", filename="metrics-{rank}.jsonl", rank_zero_only=False)
+    every = FileLogger(folder=tmp_path / "r", filename="metrics-{rank}.jsonl", rank_zero_only=False)
     every.log_metrics({"x": 1.0}, 1)
     every.close()
     assert json.loads((tmp_path / "r" / "metrics-1.jsonl").read_text())["metrics"] == {"x": 1.0}
@@ -176,11 +188,35 @@ def test_only_rank_zero_writes_by_default(tmp_path, monkeypatch):
 def test_bad_flush_interval():
     with pytest.raises(ValueError, match="flush_interval -1 is not valid; use seconds >= 0"):
         FileLogger(flush_interval=-1)
+    with pytest.raises(ValueError, match="flush_interval -1 is not valid"):
+        FileLoggerConfig(flush_interval=-1)  # checked by the config, before any logger exists
+
+
+def test_the_config_holds_the_folder_as_text(tmp_path):
+    config = FileLoggerConfig(folder=tmp_path / "{run_name}", flush_interval=0)
+    assert config.folder == str(tmp_path / "{run_name}")
+    file = FileLogger(config, filename="m.jsonl")  # keywords override the config's fields
+    assert file.config == FileLoggerConfig(
+        folder=str(tmp_path / "{run_name}"), filename="m.jsonl", flush_interval=0
+    )
+    assert file.path == tmp_path / "run" / "m.jsonl"
 
 
 def test_hyperparameters_logged_before_the_run_starts_are_written_once_it_does(tmp_path):
-    file = FileLogger(tmp_path / "run")
+    file = FileLogger(folder=tmp_path / "run")
     file.log_hyperparameters({"lr": 0.1})
     assert not (tmp_path / "run").exists()  # no run, no folder yet
     file.close()
     assert read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]["hyperparameters"] == {"lr": 0.1}
+
+
+def test_nested_hyperparameters_stay_nested(tmp_path):
+    file = FileLogger(folder=tmp_path / "run")
+    nested = {
+        "algorithms": [{"name": "EMA", "half_life": "100ba"}, {"name": "MixUp", "alpha": 0.2}],
+        "optimizers": {"name": "AdamW", "betas": [0.9, 0.95]},
+        "callbacks": [],
+    }
+    file.log_hyperparameters(nested)
+    file.close()
+    assert read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]["hyperparameters"] == nested

@@ -45,7 +45,7 @@ def test_lr_monitor_names_repeated_optimizers_and_groups():
         lr=0.1,
     )
     second = torch.optim.SGD(model.module[0].parameters(), lr=0.2)
-    trainer, memory = _trainer(LRMonitor("2ba"), model=model, optimizers=[first, second])
+    trainer, memory = _trainer(LRMonitor(interval="2ba"), model=model, optimizers=[first, second])
     trainer.fit()
     assert memory.latest["lr/SGD/group0"] == 0.1
     assert memory.latest["lr/SGD/group1"] == 0.5

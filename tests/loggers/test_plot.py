@@ -31,7 +31,7 @@ def run_dir(tmp_path_factory):
         schedulers=LinearScheduler(),
         device="cpu",
         progress_bar=False,
-        loggers=[FileLogger(folder)],
+        loggers=[FileLogger(folder=folder)],
         callbacks=[LRMonitor(), FakeThroughput()],
     )
     trainer.fit()
@@ -51,7 +51,7 @@ def test_plot_writes_loss_lr_and_throughput_pngs(run_dir, capsys):
 
 def test_plot_to_another_folder_and_only_what_was_logged(tmp_path):
     source = tmp_path / "run"
-    logger = FileLogger(source, flush_interval=0)
+    logger = FileLogger(folder=source, flush_interval=0)
     for step in range(1, 4):
         logger.log_metrics({"loss/train/total": 1.0 / step}, step)
     logger.close()
@@ -61,7 +61,7 @@ def test_plot_to_another_folder_and_only_what_was_logged(tmp_path):
 def test_plot_says_what_is_wrong(tmp_path, capsys):
     assert main([str(tmp_path / "missing")]) == 1
     assert "no metrics file" in capsys.readouterr().err
-    logger = FileLogger(tmp_path / "other", flush_interval=0)
+    logger = FileLogger(folder=tmp_path / "other", flush_interval=0)
     logger.log_metrics({"accuracy": 0.5}, 1)
     logger.close()
     assert main([str(tmp_path / "other")]) == 1

@@ -2,6 +2,8 @@
 
 import io
 
+import pytest
+
 from toy import blobs, loader, mlp
 from trainkit.core import Trainer, plugins
 from trainkit.loggers import ProgressBar
@@ -65,3 +67,10 @@ def test_redrawn_bar_with_eta_in_a_terminal():
     assert text.count("\r") == 8  # one redraw per batch at this refresh rate
     assert "epoch 0 [" in text and "4/4" in text and "ETA " in text
     assert "loss/train/total: " in text
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match="refresh_per_second 0 is not valid"):
+        ProgressBar(refresh_per_second=0)
+    with pytest.raises(ValueError, match="interval 0 is not valid; use a number of batches >= 1"):
+        ProgressBar(interval=0)

@@ -12,7 +12,13 @@ import pytest
 
 from toy import blobs, loader, mlp
 from trainkit.core import Trainer
-from trainkit.loggers import MLflowLogger, TensorBoardLogger, WandBLogger
+from trainkit.loggers import (
+    MLflowLogger,
+    MLflowLoggerConfig,
+    TensorBoardLogger,
+    WandBLogger,
+    WandBLoggerConfig,
+)
 
 
 def _fit(*loggers, run_name="remote", duration="6ba"):
@@ -62,6 +68,16 @@ def test_a_missing_client_says_which_extra_installs_it(monkeypatch, cls, module,
         cls()
 
 
+def test_bad_options_are_rejected_by_the_configs():
+    with pytest.raises(ValueError, match="wandb mode 'dryrun' is not known; use one of 'online'"):
+        WandBLoggerConfig(mode="dryrun")
+    with pytest.raises(ValueError, match="give a list of tags"):
+        WandBLoggerConfig(tags="baseline")
+    assert WandBLoggerConfig(tags=("a", "b")).tags == ["a", "b"]
+    with pytest.raises(ValueError, match="experiment_name is empty"):
+        MLflowLoggerConfig(experiment_name="")
+
+
 # --- wandb -------------------------------------------------------------------------------
 
 
@@ -107,7 +123,8 @@ def test_wandb_offline_run_holds_config_and_every_step(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    logger = WandBLogger(project="trainkit-tests", config={"note": "hello"})
+    # dir= as well as WANDB_DIR: wandb keeps the settings of the first run in a process.
+    logger = WandBLogger(project="trainkit-tests", config={"note": "hello"}, dir=str(tmp_path))
     artifact = tmp_path / "notes.txt"
     artifact.write_text("x")
     trainer = Trainer(
@@ -121,6 +138,7 @@ def test_wandb_offline_run_holds_config_and_every_step(tmp_path, monkeypatch):
     )
     trainer.fit()
     logger.upload_file("notes", artifact)
+    logger.log_hyperparameters({"algorithms": [{"name": "EMA", "half_life": "100ba"}]})
     trainer.close()
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     records = _finished_wandb_records(run_file)
@@ -134,6 +152,11 @@ def test_wandb_offline_run_holds_config_and_every_step(tmp_path, monkeypatch):
     }
     config.update({item.key: json.loads(item.value_json) for item in run.config.update})
     assert config["note"] == "hello" and config["max_duration"] == "5ba"
+    # wandb's config takes the nested hyperparameters as they are.
+    (logged,) = config["loggers"]
+    assert logged["name"] == "WandBLogger" and logged["project"] == "trainkit-tests"
+    assert logged["config"] == {"note": "hello"}
+    assert config["algorithms"] == [{"name": "EMA", "half_life": "100ba"}]
     history = [
         {
             item.key or "/".join(item.nested_key): json.loads(item.value_json)
@@ -154,7 +177,7 @@ def test_wandb_offline_run_holds_config_and_every_step(tmp_path, monkeypatch):
 def test_tensorboard_event_files_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    logger = TensorBoardLogger(tmp_path / "{run_name}")
+    logger = TensorBoardLogger(log_dir=tmp_path / "{run_name}")
     _fit(logger, run_name="tb")
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
@@ -163,7 +186,33 @@ def test_tensorboard_event_files_read_back(tmp_path):
     assert [e.step for e in events.Scalars("metrics/eval/accuracy")] == [3, 6]
     assert 0.0 < losses[0].value < 10.0
     (text,) = events.Tensors("hyperparameters/text_summary")
-    assert b"max_duration | 6ba" in text.tensor_proto.string_val[0]
+    table = text.tensor_proto.string_val[0]
+    assert b"max_duration | 6ba" in table
+    # Nested hyperparameters flattened to dotted keys, one row each.
+    assert b"| loggers.0.name | TensorBoardLogger |" in table
+    assert b"| loggers.0.log_dir | " + str(tmp_path / "{run_name}").encode() + b" |" in table
+    assert b"| optimizers.0.name | AdamW |" in table
+
+
+def test_tensorboard_flattens_nested_hyperparameters(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = TensorBoardLogger(log_dir=tmp_path)
+    logger.log_hyperparameters(
+        {"algorithms": [{"name": "EMA", "half_life": "100ba"}], "betas": (0.9, 0.95), "none": []}
+    )
+    logger.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    (text,) = events.Tensors("hyperparameters/text_summary")
+    rows = text.tensor_proto.string_val[0].decode().splitlines()[2:]
+    assert rows == [
+        "| algorithms.0.name | EMA |",
+        "| algorithms.0.half_life | 100ba |",
+        "| betas.0 | 0.9 |",
+        "| betas.1 | 0.95 |",
+        "| none | [] |",
+    ]
 
 
 # --- MLflow ------------------------------------------------------------------------------
@@ -174,7 +223,7 @@ def test_mlflow_file_store_run_reads_back(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = (tmp_path / "mlruns").as_uri()
-    logger = MLflowLogger(uri, experiment_name="tests", tags={"team": "t"})
+    logger = MLflowLogger(tracking_uri=uri, experiment_name="tests", tags={"team": "t"})
     artifact = tmp_path / "weights.bin"
     artifact.write_bytes(b"w")
     trainer = Trainer(
@@ -195,6 +244,11 @@ def test_mlflow_file_store_run_reads_back(tmp_path, monkeypatch):
     run = client.get_run(run_id)
     assert run.info.run_name == "ml" and run.info.status == "FINISHED"
     assert run.data.params["max_duration"] == "4ba" and run.data.tags["team"] == "t"
+    # Nested hyperparameters become flat parameters with dotted keys.
+    assert run.data.params["loggers.0.name"] == "MLflowLogger"
+    assert run.data.params["loggers.0.experiment_name"] == "tests"
+    assert run.data.params["optimizers.0.name"] == "AdamW"
+    assert "loggers" not in run.data.params
     history = client.get_metric_history(run_id, "loss/train/total")
     assert sorted(m.step for m in history) == [1, 2, 3, 4]
     assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == [
@@ -205,7 +259,7 @@ def test_mlflow_file_store_run_reads_back(tmp_path, monkeypatch):
 
 def test_a_remote_store_failing_mid_run_does_not_stop_training(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    logger = MLflowLogger((tmp_path / "mlruns").as_uri(), flush_interval=0)
+    logger = MLflowLogger(tracking_uri=(tmp_path / "mlruns").as_uri(), flush_interval=0)
     calls = []
 
     def unreachable(*args, **kwargs):
@@ -230,3 +284,24 @@ def test_a_remote_store_failing_mid_run_does_not_stop_training(tmp_path, monkeyp
     reported = [w for w in caught if "tracking server unreachable" in str(w.message)]
     assert len(reported) == 1 and "MLflowLogger.log_metrics failed" in str(reported[0].message)
     assert Path(tmp_path / "mlruns").exists()
+
+
+def test_mlflow_flattens_nested_hyperparameters(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    logger = MLflowLogger(tracking_uri=uri)
+    logger.log_hyperparameters(
+        {"algorithms": [{"name": "EMA", "half_life": "100ba"}], "seed": 3, "callbacks": []}
+    )
+    logger.log_metrics({"x": 1.0}, 1)
+    logger.flush()  # starts the run, which writes the hyperparameters logged before
+    run_id = logger.run_id
+    logger.close()
+    assert MlflowClient(uri).get_run(run_id).data.params == {
+        "algorithms.0.name": "EMA",
+        "algorithms.0.half_life": "100ba",
+        "seed": "3",
+        "callbacks": "[]",
+    }

@@ -89,6 +89,7 @@ def _wrapping(rank, world):
         "unwrapped_is_user_model": state.parallelism.unwrap(state.model) is model,
         "protocol": isinstance(state.parallelism, ParallelStrategy),
         "optimizer_on_model": len(optimized) == len(live) and all(id(p) in live for p in optimized),
+        "data_parallel_size": state.data_parallel_size,
     }
 
 
@@ -99,6 +100,7 @@ def test_ddp_wraps_and_unwraps_the_users_model():
             "unwrapped_is_user_model": True,
             "protocol": True,
             "optimizer_on_model": True,
+            "data_parallel_size": 2,
         }
 
 

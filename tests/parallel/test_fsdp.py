@@ -18,21 +18,15 @@ from parallel.helpers import (
     import_transformers,
     loader,
     make_trainer,
+    max_difference,
     oom_blocks,
     to_bytes,
     train,
 )
 from toy import blobs
-from trainkit.core import (
-    Callback,
-    DataSpec,
-    Engine,
-    Logger,
-    Precision,
-    State,
-    optimizer_step,
-    train_batch,
-)
+from trainkit.core import Callback, DataSpec, Engine, Logger, MixedPrecision, Precision, State
+from trainkit.core.dist import init_distributed
+from trainkit.core.loop import optimizer_step, train_batch
 from trainkit.parallel import FSDP, mixed_precision_policy
 from trainkit.parallel._wrap import apply_activation_checkpointing, find_blocks
 
@@ -137,6 +131,8 @@ def _behaviour(rank, world):
         "compute_dtypes": (str(dtypes[0]), str(full_precision[0])),
         "grad_reduced_per_microbatch": probe.seen,
         "block_calls": tuple(calls),
+        "data_parallel_size": state.data_parallel_size,
+        "hybrid_data_parallel_size": FSDP(sharding="hybrid", shard_degree=1).data_parallel_size,
     }
 
 
@@ -164,6 +160,8 @@ def test_fsdp_shards_blocks_rebinds_optimizers_and_skips_sync_until_the_last_mic
             "compute_dtypes": ("torch.bfloat16", "torch.float32"),  # "default", "full"
             "grad_reduced_per_microbatch": [False, False, False, True],
             "block_calls": (3, 6),  # checkpointed blocks run forward again in backward
+            "data_parallel_size": 2,
+            "hybrid_data_parallel_size": 2,  # before prepare: from the world size
         }
 
 
@@ -210,15 +208,20 @@ def test_wrap_auto_shards_each_hugging_face_block():
 
 
 def _scaler(rank, world):
-    # amp_fp16 needs CUDA, so the scaler is set on a hand-built state: FSDP must replace it
-    # with one that agrees across ranks whether to skip the step.
+    # amp_fp16 needs CUDA (make_precision refuses it elsewhere), so the fp16 precision is
+    # set on a hand-built state: FSDP must give one whose scaler agrees across ranks
+    # whether to skip the step, with the settings of the scaler it replaces.
     model = Blocks()
-    state = State(
-        model=model,
-        train_data=DataSpec(loader(blobs(64, seed=1), rank, world)),
-        scaler=torch.amp.GradScaler("cpu", init_scale=4.0),
+    fp16 = MixedPrecision(
+        "cpu", torch.float16, scaler_factory=lambda: torch.amp.GradScaler("cpu", init_scale=4.0)
     )
-    FSDP().prepare(state)
+    state = State(
+        model=model, train_data=DataSpec(loader(blobs(64, seed=1), rank, world)), precision=fp16
+    )
+    strategy = FSDP()
+    strategy.prepare(state)
+    state.precision = strategy.precision_for(state.precision)
+    sharded = type(state.precision.scaler).__name__
     state.optimizers = [torch.optim.SGD(model.parameters(), lr=0.1)]
     state.batch = next(iter(state.train_data.dataloader))
     train_batch(state, Engine(state, Logger([], state)))
@@ -228,11 +231,30 @@ def _scaler(rank, world):
     optimizer_step(state)
     after = [p.detach().to_local() for p in model.parameters()]
     skipped = all(torch.equal(x, y) for x, y in zip(before, after, strict=True))
-    return skipped, state.scaler.get_scale()
+    return sharded, skipped, state.precision.scaler.get_scale()
 
 
 def test_grad_scaler_skips_the_step_on_every_rank_when_one_overflows():
-    assert run_ranks(_scaler, 2) == [(True, 2.0), (True, 2.0)]
+    expected = ("ShardedGradScaler", True, 2.0)
+    assert run_ranks(_scaler, 2) == [expected, expected]
+
+
+def test_precision_without_loss_scaling_is_kept():
+    for precision in (Precision(), MixedPrecision("cpu", torch.bfloat16)):
+        assert FSDP().precision_for(precision) is precision
+
+
+def _single_process(rank, world):
+    torch.distributed.destroy_process_group()  # the harness's; start one as a script would
+    started = init_distributed(env={})
+    weights = train(FSDP(), 0, 1)  # the same script, one process
+    return started, torch.distributed.get_world_size(), weights
+
+
+def test_fsdp_trains_alone_in_the_one_rank_group_init_distributed_starts():
+    started, world, weights = run_ranks(_single_process, 1)[0]
+    assert (started, world) == (True, 1)
+    assert max_difference(weights, train(None, 0, 1)) < 1e-6
 
 
 def _already_sharded(rank, world):
@@ -252,16 +274,24 @@ def test_fsdp_rejects_a_model_already_sharded():
 
 def test_mixed_precision_presets():
     bf16, fp32 = torch.bfloat16, torch.float32
-    assert mixed_precision_policy("default", Precision.AMP_BF16) == MixedPrecisionPolicy(
+    amp_bf16, amp_fp16, fp32_precision = (
+        MixedPrecision("cpu", bf16),
+        MixedPrecision("cpu", torch.float16),
+        Precision(),
+    )
+    assert mixed_precision_policy("default", amp_bf16) == MixedPrecisionPolicy(
         param_dtype=bf16, reduce_dtype=fp32
     )
-    assert mixed_precision_policy("pure", Precision.AMP_BF16) == MixedPrecisionPolicy(
+    assert mixed_precision_policy("pure", amp_bf16) == MixedPrecisionPolicy(
         param_dtype=bf16, reduce_dtype=bf16
     )
-    assert mixed_precision_policy("full", Precision.AMP_BF16) == MixedPrecisionPolicy()
-    assert mixed_precision_policy("pure", Precision.FP32) == MixedPrecisionPolicy()
+    assert mixed_precision_policy("default", amp_fp16) == MixedPrecisionPolicy(
+        param_dtype=torch.float16, reduce_dtype=fp32
+    )
+    assert mixed_precision_policy("full", amp_bf16) == MixedPrecisionPolicy()
+    assert mixed_precision_policy("pure", fp32_precision) == MixedPrecisionPolicy()
     custom = MixedPrecisionPolicy(param_dtype=torch.float16)
-    assert mixed_precision_policy(custom, Precision.FP32) is custom
+    assert mixed_precision_policy(custom, fp32_precision) is custom
 
 
 def test_degrees_follow_the_sharding():

@@ -12,5 +12,5 @@ def test_entry_points_resolve_to_the_strategies():
 
 
 def test_strategies_satisfy_the_core_protocol():
-    for strategy in (DDP(), FSDP(), TensorParallel({"*": "colwise"}, degree=2)):
+    for strategy in (DDP(), FSDP(), TensorParallel(plan={"*": "colwise"}, degree=2)):
         assert isinstance(strategy, ParallelStrategy)

@@ -35,7 +35,7 @@ def _plan(name, degree=None):
         "llama": llama_plan(),
         "llama_sp": llama_plan(sequence_parallel=True),
     }
-    return TensorParallel(plans[name], degree)
+    return TensorParallel(plan=plans[name], degree=degree)
 
 
 def _tensor_parallel_runs(rank, world):
@@ -43,7 +43,7 @@ def _tensor_parallel_runs(rank, world):
         name: train(_plan(name), rank, world, model=make, tensor=world, **SGD)
         for name, make in MODELS.items()
     }
-    trainer = make_trainer(_plan("gpt2"), rank, world, model=gpt2, tensor=world)
+    trainer = make_trainer(_plan("gpt2"), rank, world, model=gpt2, tensor=world, batches=1)
     attention = trainer.state.model.model.transformer.h[0].attn
     layout = {
         "c_attn": (tuple(attention.c_attn.weight.shape), attention.c_attn.weight.to_local().shape),
@@ -51,6 +51,9 @@ def _tensor_parallel_runs(rank, world):
         "split_size": attention.split_size,
         "unwrap": trainer.state.parallelism.unwrap(trainer.state.model) is trainer.state.model,
     }
+    trainer.fit()
+    # The ranks share one batch: it is counted once.
+    layout["counted"] = (trainer.state.data_parallel_size, int(trainer.state.timestamp.sample))
     return runs, layout
 
 
@@ -64,6 +67,7 @@ def test_tensor_parallel_trains_like_one_process():
     assert layout["c_fc"] == (32, 64)  # Conv1D (in, out): column-wise shards dim 1
     assert layout["split_size"] == 16
     assert layout["unwrap"]
+    assert layout["counted"] == (1, 16)  # one global batch of 16 samples
 
 
 def _fsdp_tensor_parallel_runs(rank, world):
@@ -73,15 +77,19 @@ def _fsdp_tensor_parallel_runs(rank, world):
         runs[name] = train(strategy, rank, world, model=MODELS[name], tensor=2, **SGD)
     trainer = make_trainer(FSDP(tensor_parallel=_plan("blocks", 2)), rank, world, tensor=2)
     weight = trainer.state.model.blocks[0].up.weight
-    return runs, (weight.device_mesh.mesh_dim_names, len(weight.placements))
+    mesh = (weight.device_mesh.mesh_dim_names, len(weight.placements))
+    trainer.fit()
+    return runs, mesh, (trainer.state.data_parallel_size, int(trainer.state.timestamp.sample))
 
 
 def test_fsdp_with_tensor_parallel_trains_like_one_process():
     import_transformers()
-    runs, (mesh_dims, placements) = run_ranks(_fsdp_tensor_parallel_runs, 4)[0]
+    runs, (mesh_dims, placements), counted = run_ranks(_fsdp_tensor_parallel_runs, 4)[0]
     references = {name: train(None, 0, 1, model=MODELS[name], **SGD) for name in runs}
     assert_close(runs, references, 1e-5)
     assert (mesh_dims, placements) == (("shard", "tensor"), 2)  # 2-D: FSDP x TP
+    # 2 data-parallel groups of 2 tensor-parallel ranks: 3 global batches of 16 samples.
+    assert counted == (2, 48)
 
 
 def test_plan_naming_missing_modules_lists_candidates():
@@ -99,17 +107,17 @@ def test_plan_naming_missing_modules_lists_candidates():
 
 def test_tensor_parallel_bad_input():
     with pytest.raises(TypeError, match=r"style 'columns'; use a ParallelStyle .*'colwise'"):
-        TensorParallel({"blocks.*.up": "columns"})
+        TensorParallel(plan={"blocks.*.up": "columns"})
     with pytest.raises(TypeError, match="non-empty mapping"):
-        TensorParallel({})
+        TensorParallel(plan={})
     with pytest.raises(ValueError, match="degree must be a positive int, got 0"):
-        TensorParallel(BLOCKS_TP_PLAN, degree=0)
+        TensorParallel(plan=BLOCKS_TP_PLAN, degree=0)
     with pytest.raises(ValueError, match=r"needs the tensor-parallel degree"):
-        FSDP(tensor_parallel=TensorParallel(BLOCKS_TP_PLAN)).dims(4)
+        FSDP(tensor_parallel=TensorParallel(plan=BLOCKS_TP_PLAN)).dims(4)
     with pytest.raises(
         ValueError, match="tensor-parallel degree 3 does not divide the world size 4"
     ):
-        FSDP(tensor_parallel=TensorParallel(BLOCKS_TP_PLAN, degree=3)).dims(4)
+        FSDP(tensor_parallel=TensorParallel(plan=BLOCKS_TP_PLAN, degree=3)).dims(4)
 
     class ThreeRanks:
         def size(self):
@@ -124,8 +132,10 @@ def test_tensor_parallel_bad_input():
 def _errors_on_ranks(rank, world):
     messages = {}
     cases = {
-        "degree": lambda: make_trainer(TensorParallel(BLOCKS_TP_PLAN, degree=1), rank, world),
-        "style": lambda: make_trainer(TensorParallel({"blocks.0.norm": "colwise"}), rank, world),
+        "degree": lambda: make_trainer(TensorParallel(plan=BLOCKS_TP_PLAN, degree=1), rank, world),
+        "style": lambda: make_trainer(
+            TensorParallel(plan={"blocks.0.norm": "colwise"}), rank, world
+        ),
         "wrapped": lambda: make_trainer(
             FSDP(), rank, world, model=lambda: _tensor_parallel_blocks(world)
         ),
@@ -153,7 +163,7 @@ def _tensor_parallel_blocks(world):
 def test_tensor_parallel_errors_that_need_ranks():
     messages = run_ranks(_errors_on_ranks, 2)[0]
     assert messages["degree"].startswith("ValueError: TensorParallel(degree=1) alone must span")
-    assert "FSDP(tensor_parallel=TensorParallel(plan, degree=1))" in messages["degree"]
+    assert "FSDP(tensor_parallel=TensorParallel(plan=plan, degree=1))" in messages["degree"]
     assert messages["style"].startswith("TypeError: tensor-parallel style ColwiseParallel(")
     assert "cannot shard module 'blocks.0.norm' (LayerNorm)" in messages["style"]
     assert messages["wrapped"].startswith("TypeError: FSDP got a model whose parameter")

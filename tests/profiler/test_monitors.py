@@ -4,6 +4,7 @@ import types
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from toy import blobs, loader, mlp
 from trainkit.core import Callback, LoggerDestination, Trainer
@@ -92,8 +93,6 @@ def test_throughput_over_a_window_without_evaluation_time(monkeypatch):
 
 
 def test_flops_are_measured_once_when_the_model_does_not_say(monkeypatch):
-    from torch.utils.flop_counter import FlopCounterMode
-
     model = mlp(features=8, hidden=16, dropout=0.0)
     batch = next(iter(loader(blobs(64))))
     with FlopCounterMode(display=False) as counter:
@@ -151,6 +150,53 @@ def test_peak_flops_table():
         torch.set_float32_matmul_precision(previous)
 
 
+def test_peak_flops_of_the_runs_precision_object():
+    from trainkit.core.precision import MixedPrecision, Precision
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert peak_flops_for(h100, MixedPrecision("cpu", torch.bfloat16)) == 989.4e12
+    assert peak_flops_for(h100, MixedPrecision("cpu", torch.float16)) == 989.4e12
+
+    class SomeStrategysPrecision(Precision):  # keyed by what it computes in, not its name
+        name = "fsdp_mixed"
+
+        @property
+        def autocast_dtype(self):
+            return torch.bfloat16
+
+    assert peak_flops_for(h100, SomeStrategysPrecision()) == 989.4e12
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert peak_flops_for(h100, Precision()) == 67e12
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    with pytest.raises(ValueError, match="unknown precision 'bf16'; accepted: 'fp32', "):
+        peak_flops_for(h100, "bf16")
+
+
+def test_samples_are_counted_once_per_data_parallel_group(monkeypatch):
+    """FLOPs per rank come from the run's data-parallel size (ranks sharing a batch count it
+    once), which core computes from the strategy: here one process claims two data streams."""
+    from trainkit.core import SingleProcess
+
+    class TwoStreams(SingleProcess):
+        @property
+        def data_parallel_size(self):
+            return 2
+
+    model = mlp(features=8, hidden=16, dropout=0.0)
+    batch = next(iter(loader(blobs(64))))
+    with FlopCounterMode(display=False) as counter:
+        model.loss(model(batch), batch).backward()
+    clock = FakeClock(monkeypatch, _speed_monitor)
+    memory = _fit(clock, SpeedMonitor(window_size=2), model=model, parallelism=TwoStreams())
+    assert memory.last("throughput/samples_per_sec") == pytest.approx(32.0)  # 16 x 2 streams
+    assert memory.last("throughput/device/flops_per_sec") == pytest.approx(
+        counter.get_total_flops()
+    )
+
+
 def test_bad_speed_monitor_arguments():
     with pytest.raises(ValueError, match="window_size 0 is not valid"):
         SpeedMonitor(window_size=0)
@@ -159,14 +205,14 @@ def test_bad_speed_monitor_arguments():
 
 
 def test_memory_monitor_reports_process_memory_on_cpu():
-    memory = _fit(MemoryMonitor("2ba"), duration="5ba")
+    memory = _fit(MemoryMonitor(interval="2ba"), duration="5ba")
     assert memory.steps("memory/rss_gib") == [2, 4]
     assert 0.01 < memory.last("memory/rss_gib") <= memory.last("memory/peak_rss_gib") + 1e-3
     assert not any("memory/allocated_gib" in m for _, m in memory.logged)
 
 
 def test_system_metrics_monitor():
-    memory = _fit(SystemMetricsMonitor("2ba"), duration="4ba")
+    memory = _fit(SystemMetricsMonitor(interval="2ba"), duration="4ba")
     assert memory.steps("system/cpu_percent") == [2, 4]
     last = [m for _, m in memory.logged if "system/cpu_percent" in m][-1]
     assert 0.0 <= last["system/cpu_percent"] <= 100.0

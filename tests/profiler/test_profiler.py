@@ -7,7 +7,7 @@ import pytest
 from multirank import run_ranks
 from toy import blobs, loader, mlp
 from trainkit.core import Callback, CallbackError, Trainer
-from trainkit.profiler import Profiler, merge_chrome_traces
+from trainkit.profiler import Profiler, ProfilerConfig, merge_chrome_traces
 
 
 class Note(Callback):
@@ -37,7 +37,9 @@ def _names(path):
 
 
 def test_cyclic_schedule_writes_one_trace_per_cycle(tmp_path):
-    profiler = Profiler(tmp_path / "{run_name}", skip_first=1, wait=1, warmup=1, active=2, repeat=2)
+    profiler = Profiler(
+        folder=tmp_path / "{run_name}", skip_first=1, wait=1, warmup=1, active=2, repeat=2
+    )
     with _trainer(profiler, tmp_path, duration="12ba") as trainer:
         trainer.fit()
     # Batches 0..11: skip 0, wait 1, warm 2, record 3-4 (saved after 5 done), wait 5, ...
@@ -69,7 +71,7 @@ def test_markers_are_installed_for_the_cycles_only(tmp_path):
     note = Note()
     trainer = Trainer(
         model=mlp(), train_dataloader=loader(blobs(64)), max_duration="4ba", device="cpu",
-        progress_bar=False, callbacks=[Profiler(tmp_path, wait=1, warmup=1, active=1), note],
+        progress_bar=False, callbacks=[Profiler(folder=tmp_path, wait=1, warmup=1, active=1), note],
     )  # fmt: skip
     trainer.fit()
     trainer.close()
@@ -80,7 +82,7 @@ def test_markers_are_installed_for_the_cycles_only(tmp_path):
 
 
 def test_a_run_ending_mid_cycle_saves_what_it_recorded(tmp_path):
-    profiler = Profiler(tmp_path, warmup=0, active=10)
+    profiler = Profiler(folder=tmp_path, warmup=0, active=10)
     with _trainer(profiler, tmp_path, duration="3ba") as trainer:
         trainer.fit()
     assert [p.name for p in profiler.traces] == ["trace-batch3-rank0.json"]
@@ -89,7 +91,7 @@ def test_a_run_ending_mid_cycle_saves_what_it_recorded(tmp_path):
 
 def test_the_schedule_continues_across_fit_calls_and_resumption(tmp_path):
     def run(*durations, load=None):
-        profiler = Profiler(tmp_path / "run", wait=2, warmup=1, active=1, repeat=0)
+        profiler = Profiler(folder=tmp_path / "run", wait=2, warmup=1, active=1, repeat=0)
         trainer = _trainer(profiler, tmp_path, duration=None)
         if load is not None:
             trainer.state.load_state_dict(load)
@@ -112,17 +114,25 @@ def test_zero_active_steps_and_negative_counts_are_clear_errors():
         Profiler(active=0)
     with pytest.raises(ValueError, match="Profiler wait=-1 is not valid; use an int >= 0"):
         Profiler(wait=-1)
+    with pytest.raises(ValueError, match=r"Profiler repeat=1\.5 is not valid"):
+        ProfilerConfig(repeat=1.5)
+
+
+def test_the_config_holds_the_folder_as_text(tmp_path):
+    profiler = Profiler(ProfilerConfig(folder=tmp_path / "traces"), active=2)
+    assert profiler.config.folder == str(tmp_path / "traces")
+    assert profiler.config.active == 2
 
 
 def test_an_unwritable_folder_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(CallbackError, match="Profiler cannot create its trace folder"):
-        _trainer(Profiler(blocker / "traces"), tmp_path)
+        _trainer(Profiler(folder=blocker / "traces"), tmp_path)
 
 
 def _profile_two_ranks(rank, world_size, folder):
-    profiler = Profiler(folder, warmup=1, active=1)
+    profiler = Profiler(folder=folder, warmup=1, active=1)
     trainer = Trainer(
         model=mlp(), train_dataloader=loader(blobs(32)), max_duration="3ba", device="cpu",
         progress_bar=False, seed=0, run_name="dist", callbacks=[profiler],

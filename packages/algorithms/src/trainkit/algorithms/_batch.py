@@ -11,8 +11,6 @@ from typing import Any
 
 import torch
 
-from trainkit.core import autocast
-
 __all__ = ["get_item", "index_batch", "interpolate_loss", "set_item"]
 
 Key = int | str
@@ -58,7 +56,7 @@ def interpolate_loss(state: Any, target_key: Key, permuted_targets: Any, mixing:
     """
     permuted = set_item(state.batch, target_key, permuted_targets)
     model = state.parallelism.unwrap(state.model)
-    with autocast(state.precision, state.device):
+    with state.precision.autocast():
         other = model.loss(state.outputs, permuted)
     assert state.loss is not None
     state.loss = torch.lerp(state.loss, other.to(state.loss.dtype), mixing)

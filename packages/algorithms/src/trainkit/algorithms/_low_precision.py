@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import torch
 
-from trainkit.core import Precision
+from trainkit.core.precision import Precision
 
 __all__ = [
     "LOW_PRECISION_DTYPES",
@@ -30,10 +30,10 @@ def check_dtype(dtype: str | None) -> None:
 
 
 def dtype_for(dtype: LowPrecisionDtype | None, precision: Precision) -> LowPrecisionDtype | None:
-    """The configured dtype, else the run's autocast dtype; None for an fp32 run."""
+    """The configured dtype, else the run's autocast dtype; None for a run without autocast."""
     if dtype is not None:
         return dtype
-    return {Precision.AMP_BF16: "bfloat16", Precision.AMP_FP16: "float16"}.get(precision)
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(precision.autocast_dtype)
 
 
 def run_in_dtype(

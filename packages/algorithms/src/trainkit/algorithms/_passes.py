@@ -1,40 +1,32 @@
-"""Composition rules, as Engine ordering passes that algorithms declare.
+"""Composition rules: what the methods of this package declare, and the pass that reads it.
 
-An algorithm class says what it is with ``composition_role`` and lists these passes in
-``ordering_passes``; the Engine registers each pass once for the whole run.
-
-- ``"first"`` (e.g. selective_backprop: it chooses the samples the others see) runs first;
-- ``"last"`` (the low-precision norms: they replace what other surgery produced) runs last;
-- ``"interpolates_loss"`` (mixup, cutmix, label_smoothing): combining several of them
-  mixes targets twice, which is rarely meant, so it is reported once.
+Order is core's business (``Algorithm.order``: selective_backprop is ``"first"``, the
+low-precision norms are ``"last"``). What is left here is a rule about targets: mixup,
+cutmix and label_smoothing each interpolate the targets (or the loss); combined, they mix
+the targets more than once, which is rarely meant, so it is reported once. A method says
+it does so with ``mixes_targets = True`` on `ComposableAlgorithm`, which also registers
+the pass (``ordering_passes``); SAM reads the same declaration.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
-from trainkit.core import Event
+from trainkit.core import Algorithm, Event
 
-__all__ = ["STANDARD_PASSES", "order_by_role", "warn_on_combined_loss_interpolation"]
-
-_RANK = {"first": 0, "last": 2}
-
-
-def order_by_role(algorithms: list[Any], event: Event) -> list[Any]:
-    """Stable: "first" roles ahead, "last" roles behind, the rest in list order."""
-    return sorted(algorithms, key=lambda a: _RANK.get(getattr(a, "composition_role", None), 1))
-
+__all__ = ["STANDARD_PASSES", "ComposableAlgorithm", "warn_on_combined_loss_interpolation"]
 
 _warned: set[tuple[str, ...]] = set()
 
 
 def warn_on_combined_loss_interpolation(algorithms: list[Any], event: Event) -> list[Any]:
+    """Warn (once per combination) when several matched methods declare ``mixes_targets``."""
     names = tuple(
         sorted(
             type(a).__name__
             for a in algorithms
-            if getattr(a, "composition_role", None) == "interpolates_loss"
+            if isinstance(a, ComposableAlgorithm) and a.mixes_targets
         )
     )
     if len(names) > 1 and names not in _warned:
@@ -47,4 +39,20 @@ def warn_on_combined_loss_interpolation(algorithms: list[Any], event: Event) -> 
     return algorithms
 
 
-STANDARD_PASSES = (order_by_role, warn_on_combined_loss_interpolation)
+STANDARD_PASSES = (warn_on_combined_loss_interpolation,)
+"""The ordering passes every method of this package registers."""
+
+
+class ComposableAlgorithm(Algorithm):
+    """An `Algorithm` that takes part in this package's composition rules.
+
+    Every method of trainkit-algorithms subclasses it; a third-party method may too, to be
+    counted by the rules (otherwise subclass `trainkit.core.Algorithm` directly).
+    """
+
+    ordering_passes = STANDARD_PASSES
+
+    mixes_targets: ClassVar[bool] = False
+    """The method interpolates the targets or the loss (mixup, cutmix, label smoothing):
+    combining two such methods warns, and SAM's second pass, which recomputes the model's
+    own loss, warns that it leaves it out."""

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Policy", "check_surgery_allowed", "rebind_after_surgery", "replace_modules"]
+from trainkit.core.loop import rebind_optimizers
+
+__all__ = ["Policy", "check_surgery_allowed", "replace_modules"]
 
 Policy = Callable[[nn.Module, int], nn.Module | None]
 """``(module, index) -> replacement`` (or None to keep it); ``index`` counts matches so far."""
@@ -41,14 +43,17 @@ def replace_modules(
 
     Replacements are moved to the replaced module's device and floating dtype; parameters
     they share with the old module stay the same objects. Optimizers given are re-bound
-    (see `rebind_after_surgery`). Returns ``{qualified name: new module}``.
+    (`trainkit.core.loop.rebind_optimizers` with ``new_parameters="add_to_first_group"``):
+    parameters that left the model are dropped, a parameter replaced under the same name
+    takes its predecessor's place, and new ones join the first optimizer's first group.
+    Returns ``{qualified name: new module}``.
 
     Raises:
         ValueError: optimizers already hold state for parameters that would be replaced.
     """
     optimizers = _as_list(optimizers)
     check_surgery_allowed(optimizers, method)
-    before = {id(p) for p in model.parameters()}
+    names_before = {id(p): n for n, p in model.named_parameters()}
     counts: dict[int, int] = {}
     replaced: dict[str, nn.Module] = {}
     for name, module in list(model.named_modules()):
@@ -73,7 +78,7 @@ def replace_modules(
             stacklevel=2,
         )
     if optimizers:
-        rebind_after_surgery(model, optimizers, before)
+        rebind_optimizers(optimizers, model, names_before, new_parameters="add_to_first_group")
     return replaced
 
 
@@ -97,25 +102,6 @@ def check_surgery_allowed(optimizers: Iterable[torch.optim.Optimizer], method: s
                 "(training has started): apply it before the first step, e.g. at Event.INIT, or "
                 "to the model before building the optimizer"
             )
-
-
-def rebind_after_surgery(
-    model: nn.Module, optimizers: Iterable[torch.optim.Optimizer], before: set[int]
-) -> None:
-    """Drop parameters that left the model from ``optimizers``; add new ones to the first group.
-
-    ``before`` is ``{id(p) for p in model.parameters()}`` taken before the surgery.
-    """
-    live = {id(p): p for p in model.parameters()}
-    held: set[int] = set()
-    for optimizer in _as_list(optimizers):
-        for group in optimizer.param_groups:
-            group["params"] = [p for p in group["params"] if id(p) in live]
-            held.update(id(p) for p in group["params"])
-    new = [p for pid, p in live.items() if pid not in before and pid not in held]
-    optimizers = _as_list(optimizers)
-    if new and optimizers:
-        optimizers[0].param_groups[0]["params"].extend(new)
 
 
 def _as_list(optimizers: Any) -> list[torch.optim.Optimizer]:

@@ -11,16 +11,16 @@ AFTER_DATALOADER on the CPU batch; `augmix_image` can run in a Dataset transform
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from trainkit.algorithms._batch import Key, get_item, set_item
 from trainkit.algorithms._image_ops import ALL_OPS, SAFE_OPS, apply_op, check_images
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["AugMix", "AugMixConfig", "augmix_batch", "augmix_image"]
 
@@ -37,8 +37,9 @@ class AugMixConfig:
     """Chains mixed together; at least 1."""
     alpha: float = 1.0
     """Concentration of the Dirichlet chain weights and of the Beta blend; positive."""
-    augmentation_set: AugmentationSet = "safe"
-    """"safe" (default: no op overlapping ImageNet-C corruptions) or "all"."""
+    augmentation_set: AugmentationSet | list[str] = "safe"
+    """"safe" (default: no op overlapping ImageNet-C corruptions), "all", or a list of
+    operation names (e.g. ["solarize", "rotate"])."""
     input_key: Key = 0
     """Where the batch keeps its images."""
 
@@ -51,88 +52,64 @@ class AugMixConfig:
             raise ValueError(f"width must be at least 1, got {self.width}")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be positive, got {self.alpha}")
-        if self.augmentation_set not in ("all", "safe"):
-            raise ValueError(
-                f"augmentation_set {self.augmentation_set!r} is not one of 'all', 'safe'"
-            )
+        if isinstance(self.augmentation_set, str):
+            if self.augmentation_set not in ("all", "safe"):
+                raise ValueError(
+                    f"augmentation_set {self.augmentation_set!r} is not one of 'all', 'safe'"
+                )
+        else:
+            names = list(self.augmentation_set)
+            unknown = sorted(set(names) - set(ALL_OPS))
+            if unknown or not names:
+                raise ValueError(f"unknown operations {unknown or names}; known: {sorted(ALL_OPS)}")
+
+    def operations(self) -> list[str]:
+        """The names of the operations chains draw from."""
+        if isinstance(self.augmentation_set, str):
+            return list(ALL_OPS if self.augmentation_set == "all" else SAFE_OPS)
+        return list(self.augmentation_set)
 
 
 def augmix_image(
-    img: torch.Tensor,
-    *,
-    severity: float = 3.0,
-    depth: int = -1,
-    width: int = 3,
-    alpha: float = 1.0,
-    augmentation_set: AugmentationSet | Sequence[str] = "safe",
+    img: torch.Tensor, config: AugMixConfig | None = None, /, **options: Any
 ) -> torch.Tensor:
-    """One image (C, H, W) in [0, 1], AugMixed. ``augmentation_set`` may list op names."""
-    if isinstance(augmentation_set, str):
-        AugMixConfig(
-            severity=severity,
-            depth=depth,
-            width=width,
-            alpha=alpha,
-            augmentation_set=augmentation_set,
-        )
-        names = list(ALL_OPS if augmentation_set == "all" else SAFE_OPS)
-    else:
-        names = list(augmentation_set)
-        unknown = sorted(set(names) - set(ALL_OPS))
-        if unknown or not names:
-            raise ValueError(f"unknown operations {unknown or names}; known: {sorted(ALL_OPS)}")
-    weights = torch.distributions.Dirichlet(torch.full((width,), float(alpha))).sample()
-    blend = float(torch.distributions.Beta(alpha, alpha).sample())
+    """One image (C, H, W) in [0, 1], AugMixed.
+
+    Takes an `AugMixConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(AugMixConfig, config, options)
+    names = cfg.operations()
+    weights = torch.distributions.Dirichlet(torch.full((cfg.width,), float(cfg.alpha))).sample()
+    blend = float(torch.distributions.Beta(cfg.alpha, cfg.alpha).sample())
     mix = torch.zeros_like(img)
     for weight in weights.tolist():
         chain = img
-        steps = depth if depth > 0 else int(torch.randint(1, 4, ()))
+        steps = cfg.depth if cfg.depth > 0 else int(torch.randint(1, 4, ()))
         for index in torch.randint(len(names), (steps,)).tolist():
-            chain = apply_op(names[index], chain, severity)
+            chain = apply_op(names[index], chain, cfg.severity)
         mix += weight * chain
     return torch.lerp(img, mix, blend)
 
 
 def augmix_batch(
-    x: torch.Tensor,
-    *,
-    severity: float = 3.0,
-    depth: int = -1,
-    width: int = 3,
-    alpha: float = 1.0,
-    augmentation_set: AugmentationSet = "safe",
+    x: torch.Tensor, config: AugMixConfig | None = None, /, **options: Any
 ) -> torch.Tensor:
-    """Every image of ``x`` (N, C, H, W) in [0, 1], AugMixed independently."""
+    """Every image of ``x`` (N, C, H, W) in [0, 1], AugMixed independently.
+
+    Takes an `AugMixConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(AugMixConfig, config, options)
     check_images(x, "augmix")
-    options = {"severity": severity, "depth": depth, "width": width, "alpha": alpha}
-    return torch.stack(
-        [augmix_image(img, augmentation_set=augmentation_set, **options) for img in x]
-    )
+    return torch.stack([augmix_image(img, cfg) for img in x])
 
 
-class AugMix:
+class AugMix(ComposableAlgorithm, config=AugMixConfig):
     """AugMixes every training image (see `AugMixConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: AugMixConfig
 
-    def __init__(
-        self,
-        severity: float = 3.0,
-        depth: int = -1,
-        width: int = 3,
-        alpha: float = 1.0,
-        augmentation_set: AugmentationSet = "safe",
-        *,
-        input_key: Key = 0,
-    ):
-        self.config = AugMixConfig(
-            severity=severity,
-            depth=depth,
-            width=width,
-            alpha=alpha,
-            augmentation_set=augmentation_set,
-            input_key=input_key,
-        )
+    def __init__(self, config: AugMixConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
@@ -140,12 +117,4 @@ class AugMix:
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         x = get_item(state.batch, cfg.input_key, "augmix")
-        x = augmix_batch(
-            x,
-            severity=cfg.severity,
-            depth=cfg.depth,
-            width=cfg.width,
-            alpha=cfg.alpha,
-            augmentation_set=cfg.augmentation_set,
-        )
-        state.batch = set_item(state.batch, cfg.input_key, x)
+        state.batch = set_item(state.batch, cfg.input_key, augmix_batch(x, cfg))

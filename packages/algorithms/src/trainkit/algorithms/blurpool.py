@@ -9,14 +9,16 @@ the surgery can be applied to a trained model too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["BlurConv2d", "BlurMaxPool2d", "BlurPool", "BlurPoolConfig", "apply_blurpool", "blur_2d"]
 
@@ -75,25 +77,27 @@ class BlurMaxPool2d(nn.Module):
 
 def apply_blurpool(
     model: nn.Module,
+    config: BlurPoolConfig | None = None,
+    /,
     *,
-    replace_convs: bool = True,
-    replace_maxpools: bool = True,
-    min_channels: int = 16,
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> dict[str, nn.Module]:
-    """Add blur before downsampling in ``model``; returns ``{name: new module}``."""
-    BlurPoolConfig(
-        replace_convs=replace_convs, replace_maxpools=replace_maxpools, min_channels=min_channels
-    )
+    """Add blur before downsampling in ``model``; returns ``{name: new module}``.
+
+    Takes a `BlurPoolConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(BlurPoolConfig, config, options)
     policies = {}
-    if replace_convs:
+    if cfg.replace_convs:
 
         def blur_conv(module: nn.Conv2d, index: int) -> nn.Module | None:
             strided = max(_pair(module.stride)) > 1
-            return BlurConv2d(module) if strided and module.in_channels >= min_channels else None
+            wide = module.in_channels >= cfg.min_channels
+            return BlurConv2d(module) if strided and wide else None
 
         policies[nn.Conv2d] = blur_conv
-    if replace_maxpools:
+    if cfg.replace_maxpools:
 
         def blur_pool(module: nn.MaxPool2d, index: int) -> nn.Module | None:
             supported = not (module.ceil_mode or module.return_indices)
@@ -107,31 +111,20 @@ def _pair(value: int | tuple[int, ...]) -> tuple[int, ...]:
     return (value, value) if isinstance(value, int) else tuple(value)
 
 
-class BlurPool:
+class BlurPool(ComposableAlgorithm, config=BlurPoolConfig):
     """Applies `apply_blurpool` to the model at INIT (see `BlurPoolConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: BlurPoolConfig
     required_on_load = True
     required_events = (Event.INIT,)
 
-    def __init__(
-        self, *, replace_convs: bool = True, replace_maxpools: bool = True, min_channels: int = 16
-    ):
-        self.config = BlurPoolConfig(
-            replace_convs=replace_convs,
-            replace_maxpools=replace_maxpools,
-            min_channels=min_channels,
-        )
+    def __init__(self, config: BlurPoolConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        replaced = apply_blurpool(
-            state.parallelism.unwrap(state.model),
-            replace_convs=self.config.replace_convs,
-            replace_maxpools=self.config.replace_maxpools,
-            min_channels=self.config.min_channels,
-            optimizers=state.optimizers,
-        )
+        model = state.parallelism.unwrap(state.model)
+        replaced = apply_blurpool(model, self.config, optimizers=state.optimizers)
         logger.log_hyperparameters({"blurpool/num_replaced": len(replaced)})

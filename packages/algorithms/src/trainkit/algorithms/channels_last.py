@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
 
 __all__ = ["ChannelsLast", "ChannelsLastConfig", "apply_channels_last"]
@@ -22,7 +23,8 @@ __all__ = ["ChannelsLast", "ChannelsLastConfig", "apply_channels_last"]
 
 @dataclass(kw_only=True)
 class ChannelsLastConfig:
-    """Channels-last has no options; the class exists so every method has a config."""
+    """Channels-last has no options; the class exists so every method has a config (and a
+    ``{name: channels_last}`` entry of a config file builds it like any other)."""
 
 
 def apply_channels_last(model: nn.Module) -> int:
@@ -39,15 +41,18 @@ def apply_channels_last(model: nn.Module) -> int:
     return count
 
 
-class ChannelsLast:
-    """Converts the model to channels-last at INIT."""
+class ChannelsLast(ComposableAlgorithm, config=ChannelsLastConfig):
+    """Converts the model to channels-last at INIT.
 
-    ordering_passes = STANDARD_PASSES
-    required_on_load = True
+    Not ``required_on_load``: only the memory layout changes, not the parameters or their
+    names, so its checkpoints load into a model without it (and the reverse).
+    """
+
+    config: ChannelsLastConfig
     required_events = (Event.INIT,)
 
-    def __init__(self) -> None:
-        self.config = ChannelsLastConfig()
+    def __init__(self, config: ChannelsLastConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT

@@ -9,12 +9,14 @@ Segmentation masks can lose the same rows and columns (``resize_targets``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from trainkit.algorithms._batch import Key, get_item, set_item
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["ColOut", "ColOutConfig", "colout_batch"]
 
@@ -46,16 +48,17 @@ def _kept(size: int, p: float, device: torch.device) -> torch.Tensor:
 def colout_batch(
     x: torch.Tensor,
     y: torch.Tensor | None = None,
-    *,
-    p_row: float = 0.15,
-    p_col: float = 0.15,
-    resize_targets: bool = False,
+    config: ColOutConfig | None = None,
+    /,
+    **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``x`` (..., H, W) without ``round(p_row * H)`` random rows and ``round(p_col * W)`` columns.
 
-    Returns ``(x, y)``; with ``resize_targets``, ``y`` (..., H, W) loses the same ones.
+    Takes a `ColOutConfig` or its fields as keyword arguments. Returns ``(x, y)``; with
+    ``resize_targets``, ``y`` (..., H, W) loses the same ones.
     """
-    ColOutConfig(p_row=p_row, p_col=p_col)
+    cfg = build_config(ColOutConfig, config, options)
+    p_row, p_col, resize_targets = cfg.p_row, cfg.p_col, cfg.resize_targets
     if x.ndim < 3:
         raise ValueError(f"colout needs images shaped (N, C, H, W), got shape {tuple(x.shape)}")
     rows, cols = _kept(x.shape[-2], p_row, x.device), _kept(x.shape[-1], p_col, x.device)
@@ -65,27 +68,13 @@ def colout_batch(
     return x, y
 
 
-class ColOut:
+class ColOut(ComposableAlgorithm, config=ColOutConfig):
     """Drops random rows and columns of training images (see `ColOutConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: ColOutConfig
 
-    def __init__(
-        self,
-        p_row: float = 0.15,
-        p_col: float = 0.15,
-        *,
-        resize_targets: bool = False,
-        input_key: Key = 0,
-        target_key: Key = 1,
-    ):
-        self.config = ColOutConfig(
-            p_row=p_row,
-            p_col=p_col,
-            resize_targets=resize_targets,
-            input_key=input_key,
-            target_key=target_key,
-        )
+    def __init__(self, config: ColOutConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BATCH_START
@@ -94,9 +83,7 @@ class ColOut:
         cfg = self.config
         x = get_item(state.batch, cfg.input_key, "colout")
         y = get_item(state.batch, cfg.target_key, "colout") if cfg.resize_targets else None
-        x, y = colout_batch(
-            x, y, p_row=cfg.p_row, p_col=cfg.p_col, resize_targets=cfg.resize_targets
-        )
+        x, y = colout_batch(x, y, cfg)
         state.batch = set_item(state.batch, cfg.input_key, x)
         if cfg.resize_targets:
             state.batch = set_item(state.batch, cfg.target_key, y)

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from trainkit.algorithms._batch import Key, get_item, interpolate_loss, set_item
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["CutMix", "CutMixConfig", "cutmix_batch"]
 
@@ -50,22 +51,25 @@ def random_box(height: int, width: int, area: float) -> Box:
 def cutmix_batch(
     x: torch.Tensor,
     y: torch.Tensor,
+    config: CutMixConfig | None = None,
+    /,
     *,
-    alpha: float = 1.0,
     box: Box | None = None,
     indices: torch.Tensor | None = None,
+    **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Paste ``box`` of ``x[indices]`` into ``x`` (a copy).
 
     Returns ``(x_cut, y_permuted, mixing)``: ``mixing`` is the pasted share of the image
     area; train on ``(1 - mixing) * loss(y) + mixing * loss(y_permuted)``. The box is
-    drawn (see `random_box`) and ``indices`` is a random permutation unless given.
+    drawn (see `random_box`, with ``alpha`` from the `CutMixConfig` or keyword arguments)
+    and ``indices`` is a random permutation unless given.
     """
+    alpha = build_config(CutMixConfig, config, options).alpha
     if x.ndim < 3:
         raise ValueError(f"cutmix needs images shaped (N, C, H, W), got shape {tuple(x.shape)}")
     height, width = x.shape[-2:]
     if box is None:
-        CutMixConfig(alpha=alpha)
         box = random_box(height, width, float(torch.distributions.Beta(alpha, alpha).sample()))
     top, left, box_h, box_w = box
     if (
@@ -85,14 +89,14 @@ def cutmix_batch(
     return x_cut, y[indices], box_h * box_w / (height * width)
 
 
-class CutMix:
+class CutMix(ComposableAlgorithm, config=CutMixConfig):
     """Trains on images with a box pasted from another sample (see `CutMixConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
-    composition_role = "interpolates_loss"
+    config: CutMixConfig
+    mixes_targets = True
 
-    def __init__(self, alpha: float = 1.0, *, input_key: Key = 0, target_key: Key = 1):
-        self.config = CutMixConfig(alpha=alpha, input_key=input_key, target_key=target_key)
+    def __init__(self, config: CutMixConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self.mixing = 0.0
         self.box: Box | None = None
         self.indices: torch.Tensor | None = None
@@ -114,7 +118,7 @@ class CutMix:
             self.box = random_box(x.shape[-2], x.shape[-1], area)
             self.indices = torch.randperm(x.shape[0], device=x.device)
             x_cut, self.permuted_targets, self.mixing = cutmix_batch(
-                x, y, box=self.box, indices=self.indices
+                x, y, cfg, box=self.box, indices=self.indices
             )
             state.batch = set_item(state.batch, cfg.input_key, x_cut)
             return

@@ -7,12 +7,14 @@ never touched. A square whose centre lies near the border is clipped by it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from trainkit.algorithms._batch import Key, get_item, set_item
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["CutOut", "CutOutConfig", "cutout_batch"]
 
@@ -40,9 +42,15 @@ class CutOutConfig:
             )
 
 
-def cutout_batch(x: torch.Tensor, *, num_holes: int = 1, length: float = 0.5) -> torch.Tensor:
-    """A copy of the images ``x`` (N, C, H, W) with ``num_holes`` squares per image set to 0."""
-    CutOutConfig(num_holes=num_holes, length=length)
+def cutout_batch(
+    x: torch.Tensor, config: CutOutConfig | None = None, /, **options: Any
+) -> torch.Tensor:
+    """A copy of the images ``x`` (N, C, H, W) with ``num_holes`` squares per image set to 0.
+
+    Takes a `CutOutConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(CutOutConfig, config, options)
+    num_holes, length = cfg.num_holes, cfg.length
     if x.ndim != 4:
         raise ValueError(f"cutout needs images shaped (N, C, H, W), got shape {tuple(x.shape)}")
     n, _, height, width = x.shape
@@ -57,13 +65,13 @@ def cutout_batch(x: torch.Tensor, *, num_holes: int = 1, length: float = 0.5) ->
     return x * keep.to(x.dtype)
 
 
-class CutOut:
+class CutOut(ComposableAlgorithm, config=CutOutConfig):
     """Zeroes random squares of each training image (see `CutOutConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: CutOutConfig
 
-    def __init__(self, num_holes: int = 1, length: float = 0.5, *, input_key: Key = 0):
-        self.config = CutOutConfig(num_holes=num_holes, length=length, input_key=input_key)
+    def __init__(self, config: CutOutConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BATCH_START
@@ -71,5 +79,4 @@ class CutOut:
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         x = get_item(state.batch, cfg.input_key, "cutout")
-        x = cutout_batch(x, num_holes=cfg.num_holes, length=cfg.length)
-        state.batch = set_item(state.batch, cfg.input_key, x)
+        state.batch = set_item(state.batch, cfg.input_key, cutout_batch(x, cfg))

@@ -25,14 +25,15 @@ class EarlyStopperConfig:
     dataloader_label: str = "eval"
     """Eval set whose metric is watched, or "train" for the training metric."""
     mode: Mode | None = None
-    """"max" or "min"; None: "min" for names with loss, entropy, perplexity or error."""
+    """"max" or "min"; None: "min" for names with loss, entropy, perplexity or error, else
+    "max" (the stopper's ``mode`` is the one in use)."""
     min_delta: float = 0.0
     """A change must beat the best by more than this to count as improvement; >= 0."""
     patience: int | str = 1
     """Checks without improvement before stopping (an int), or a time ('2ep', '500ba')."""
 
     def __post_init__(self) -> None:
-        self.mode = check_mode(self.monitor, self.mode)
+        check_mode(self.monitor, self.mode)
         if not self.min_delta >= 0:
             raise ValueError(f"min_delta must be non-negative, got {self.min_delta}")
         if isinstance(self.patience, bool) or (
@@ -49,27 +50,20 @@ class EarlyStopperConfig:
                 )
 
 
-class EarlyStopper(Callback):
+class EarlyStopper(Callback, config=EarlyStopperConfig):
     """Stops training when ``monitor`` stops improving (see `EarlyStopperConfig`)."""
 
-    def __init__(
-        self,
-        monitor: str,
-        dataloader_label: str = "eval",
-        mode: Mode | None = None,
-        min_delta: float = 0.0,
-        patience: int | str = 1,
-    ):
-        self.config = EarlyStopperConfig(
-            monitor=monitor,
-            dataloader_label=dataloader_label,
-            mode=mode,
-            min_delta=min_delta,
-            patience=patience,
-        )
+    config: EarlyStopperConfig
+
+    def __init__(self, config: EarlyStopperConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        cfg = self.config
+        self.mode: Mode = check_mode(cfg.monitor, cfg.mode)
+        """The direction in use: the configured ``mode``, or the one inferred from the name."""
         self.best: float | None = None
         self.best_at = 0  # in checks, epochs or batches (the unit of patience)
         self.checks = 0
+        patience = cfg.patience
         patience_time = ensure_time(patience, "patience") if isinstance(patience, str) else None
         self._unit = patience_time.unit if patience_time else None
         self._patience = patience_time.value if patience_time else int(patience)
@@ -90,8 +84,7 @@ class EarlyStopper(Callback):
         value = read_metric(state, cfg.dataloader_label, cfg.monitor)
         self.checks += 1
         now = self.checks if self._unit is None else state.timestamp.get(self._unit)
-        assert cfg.mode is not None
-        if improves(value, self.best, cfg.mode, cfg.min_delta):
+        if improves(value, self.best, self.mode, cfg.min_delta):
             self.best, self.best_at = value, now
         elif now - self.best_at >= self._patience:
             logger.log_metrics({"early_stopper/stopped_at_batch": state.timestamp.batch})

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State, Time, TimeUnit, ensure_time
 
 __all__ = ["EMA", "EMAConfig", "compute_ema"]
@@ -55,17 +55,18 @@ def _float_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t for name, t in named.items() if t.is_floating_point()}
 
 
-class EMA:
+class EMA(ComposableAlgorithm, config=EMAConfig):
     """Keeps an exponential moving average of the model's weights (see `EMAConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: EMAConfig
     required_events = (Event.FIT_START, Event.BATCH_END)
 
-    def __init__(self, half_life: str = "1000ba", update_interval: str = "1ba"):
-        self.config = EMAConfig(half_life=half_life, update_interval=update_interval)
+    def __init__(self, config: EMAConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self.average: dict[str, torch.Tensor] | None = None
         self.stash: dict[str, torch.Tensor] | None = None  # training weights while swapped out
         self._interval = Time.from_timestring(self.config.update_interval).value
+        self._smoothing = self.config.smoothing  # parsed once, not per batch
         self._swapped_for_eval = False
 
     def match(self, event: Event, state: State) -> bool:
@@ -88,7 +89,7 @@ class EMA:
             return
         elif event == Event.BATCH_END:
             if state.timestamp.batch % self._interval == 0:
-                compute_ema(model, self.average, self.config.smoothing)
+                compute_ema(model, self.average, self._smoothing)
         elif event == Event.EVAL_BEFORE_ALL and self.stash is None:
             self._swap(model)
             self._swapped_for_eval = True

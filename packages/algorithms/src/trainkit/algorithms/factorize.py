@@ -10,13 +10,15 @@ parameters; fewer parameters mean fewer FLOPs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "Factorize",
@@ -111,20 +113,18 @@ class FactorizedConv2d(nn.Module):
 
 def apply_factorize(
     model: nn.Module,
+    config: FactorizeConfig | None = None,
+    /,
     *,
-    factorize_convs: bool = True,
-    factorize_linears: bool = True,
-    min_channels: int = 256,
-    latent_channels: float = 0.25,
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> dict[str, nn.Module]:
-    """Factorize ``model``'s wide layers where it saves parameters; returns them by name."""
-    config = FactorizeConfig(
-        factorize_convs=factorize_convs,
-        factorize_linears=factorize_linears,
-        min_channels=min_channels,
-        latent_channels=latent_channels,
-    )
+    """Factorize ``model``'s wide layers where it saves parameters; returns them by name.
+
+    Takes a `FactorizeConfig` or its fields as keyword arguments.
+    """
+    config = build_config(FactorizeConfig, config, options)
+    min_channels = config.min_channels
 
     def saving_rank(channels_in: int, channels_out: int, taps: int = 1) -> int | None:
         if min(channels_in, channels_out) < min_channels:
@@ -143,45 +143,27 @@ def apply_factorize(
         return FactorizedConv2d(module, rank) if rank and module.groups == 1 else None
 
     policies = {}
-    if factorize_linears:
+    if config.factorize_linears:
         policies[nn.Linear] = linear
-    if factorize_convs:
+    if config.factorize_convs:
         policies[nn.Conv2d] = conv
     return replace_modules(model, policies, optimizers=optimizers, method="factorize")
 
 
-class Factorize:
+class Factorize(ComposableAlgorithm, config=FactorizeConfig):
     """Factorizes wide layers at INIT (see `FactorizeConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: FactorizeConfig
     required_on_load = True
     required_events = (Event.INIT,)
 
-    def __init__(
-        self,
-        *,
-        factorize_convs: bool = True,
-        factorize_linears: bool = True,
-        min_channels: int = 256,
-        latent_channels: float = 0.25,
-    ):
-        self.config = FactorizeConfig(
-            factorize_convs=factorize_convs,
-            factorize_linears=factorize_linears,
-            min_channels=min_channels,
-            latent_channels=latent_channels,
-        )
+    def __init__(self, config: FactorizeConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        replaced = apply_factorize(
-            state.parallelism.unwrap(state.model),
-            factorize_convs=self.config.factorize_convs,
-            factorize_linears=self.config.factorize_linears,
-            min_channels=self.config.min_channels,
-            latent_channels=self.config.latent_channels,
-            optimizers=state.optimizers,
-        )
+        model = state.parallelism.unwrap(state.model)
+        replaced = apply_factorize(model, self.config, optimizers=state.optimizers)
         logger.log_hyperparameters({"factorize/num_replaced": len(replaced)})

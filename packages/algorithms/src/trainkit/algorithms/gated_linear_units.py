@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "GatedIntermediate",
@@ -78,13 +80,18 @@ class GatedIntermediate(nn.Module):
 
 def apply_gated_linear_units(
     model: nn.Module,
+    config: GatedLinearUnitsConfig | None = None,
+    /,
     *,
-    act_fn: str | None = None,
-    gated_layer_bias: bool = False,
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> dict[str, nn.Module]:
-    """Replace every `BertIntermediate` in ``model`` by a `GatedIntermediate`."""
-    GatedLinearUnitsConfig(act_fn=act_fn, gated_layer_bias=gated_layer_bias)
+    """Replace every `BertIntermediate` in ``model`` by a `GatedIntermediate`.
+
+    Takes a `GatedLinearUnitsConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(GatedLinearUnitsConfig, config, options)
+    act_fn, gated_layer_bias = cfg.act_fn, cfg.gated_layer_bias
     transformers = _transformers()
     from transformers.models.bert.modeling_bert import BertIntermediate
 
@@ -104,24 +111,20 @@ def apply_gated_linear_units(
     )
 
 
-class GatedLinearUnits:
+class GatedLinearUnits(ComposableAlgorithm, config=GatedLinearUnitsConfig):
     """Puts GLUs in BERT's feed-forward blocks at INIT (see `GatedLinearUnitsConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: GatedLinearUnitsConfig
     required_on_load = True
     required_events = (Event.INIT,)
 
-    def __init__(self, *, act_fn: str | None = None, gated_layer_bias: bool = False):
-        self.config = GatedLinearUnitsConfig(act_fn=act_fn, gated_layer_bias=gated_layer_bias)
+    def __init__(self, config: GatedLinearUnitsConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        replaced = apply_gated_linear_units(
-            state.parallelism.unwrap(state.model),
-            act_fn=self.config.act_fn,
-            gated_layer_bias=self.config.gated_layer_bias,
-            optimizers=state.optimizers,
-        )
+        model = state.parallelism.unwrap(state.model)
+        replaced = apply_gated_linear_units(model, self.config, optimizers=state.optimizers)
         logger.log_hyperparameters({"gated_linear_units/num_replaced": len(replaced)})

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["GhostBatchNorm", "GhostBatchNormConfig", "GhostBatchNormLayer", "apply_ghost_batchnorm"]
 
@@ -61,41 +63,39 @@ class GhostBatchNormLayer(nn.Module):
 
 def apply_ghost_batchnorm(
     model: nn.Module,
+    config: GhostBatchNormConfig | None = None,
+    /,
     *,
-    ghost_batch_size: int = 32,
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> dict[str, nn.Module]:
-    """Wrap every BatchNorm{1,2,3}d of ``model`` in a `GhostBatchNormLayer`."""
-    GhostBatchNormConfig(ghost_batch_size=ghost_batch_size)
+    """Wrap every BatchNorm{1,2,3}d of ``model`` in a `GhostBatchNormLayer`.
+
+    Takes a `GhostBatchNormConfig` or its fields as keyword arguments.
+    """
+    size = build_config(GhostBatchNormConfig, config, options).ghost_batch_size
     return replace_modules(
         model,
-        {
-            lambda m: isinstance(m, _BATCHNORMS): lambda m, i: GhostBatchNormLayer(
-                m, ghost_batch_size
-            )
-        },
+        {lambda m: isinstance(m, _BATCHNORMS): lambda m, i: GhostBatchNormLayer(m, size)},
         optimizers=optimizers,
         method="ghost_batchnorm",
     )
 
 
-class GhostBatchNorm:
+class GhostBatchNorm(ComposableAlgorithm, config=GhostBatchNormConfig):
     """Wraps BatchNorm layers at INIT (see `GhostBatchNormConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: GhostBatchNormConfig
     required_on_load = True
     required_events = (Event.INIT,)
 
-    def __init__(self, *, ghost_batch_size: int = 32):
-        self.config = GhostBatchNormConfig(ghost_batch_size=ghost_batch_size)
+    def __init__(self, config: GhostBatchNormConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        replaced = apply_ghost_batchnorm(
-            state.parallelism.unwrap(state.model),
-            ghost_batch_size=self.config.ghost_batch_size,
-            optimizers=state.optimizers,
-        )
+        model = state.parallelism.unwrap(state.model)
+        replaced = apply_ghost_batchnorm(model, self.config, optimizers=state.optimizers)
         logger.log_hyperparameters({"ghost_batchnorm/num_replaced": len(replaced)})

@@ -1,7 +1,8 @@
 """Gradient clipping by global norm, by value, or adaptive (AGC, Brock et al. 2021).
 
 Runs at AFTER_TRAIN_BATCH: all microbatches' gradients are in, the step has not happened.
-With a grad scaler the gradients are unscaled first, so the threshold means what it says.
+When the precision scales the loss (fp16) the gradients are unscaled first, so the
+threshold means what it says.
 Correct under FSDP2: the global norm of DTensor gradients is reduced over the mesh by
 `clip_grad_norm_`; value clipping is elementwise; adaptive clipping uses per-row norms,
 and FSDP2 shards parameters by rows (dim 0), so every row is whole on one rank.
@@ -11,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["GradientClipping", "GradientClippingConfig", "apply_gradient_clipping"]
 
@@ -44,21 +46,24 @@ class GradientClippingConfig:
 
 def apply_gradient_clipping(
     parameters: nn.Module | Iterable[nn.Parameter],
-    *,
-    clipping_type: ClippingType = "norm",
-    clipping_threshold: float = 1.0,
+    config: GradientClippingConfig | None = None,
+    /,
+    **options: Any,
 ) -> torch.Tensor | None:
-    """Clip the gradients of ``parameters`` in place; returns the pre-clip norm for "norm"."""
-    GradientClippingConfig(clipping_type=clipping_type, clipping_threshold=clipping_threshold)
+    """Clip the gradients of ``parameters`` in place; returns the pre-clip norm for "norm".
+
+    Takes a `GradientClippingConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(GradientClippingConfig, config, options)
     params = list(parameters.parameters() if isinstance(parameters, nn.Module) else parameters)
     with_grad = [p for p in params if p.grad is not None]
-    if clipping_type == "norm":
-        return torch.nn.utils.clip_grad_norm_(with_grad, clipping_threshold)
-    if clipping_type == "value":
-        torch.nn.utils.clip_grad_value_(with_grad, clipping_threshold)
+    if cfg.clipping_type == "norm":
+        return torch.nn.utils.clip_grad_norm_(with_grad, cfg.clipping_threshold)
+    if cfg.clipping_type == "value":
+        torch.nn.utils.clip_grad_value_(with_grad, cfg.clipping_threshold)
         return None
     for param in with_grad:
-        _adaptive_clip(param, clipping_threshold)
+        _adaptive_clip(param, cfg.clipping_threshold)
     return None
 
 
@@ -73,26 +78,19 @@ def _adaptive_clip(param: nn.Parameter, ratio: float, eps: float = 1e-3) -> None
     grad.mul_(scale)
 
 
-class GradientClipping:
+class GradientClipping(ComposableAlgorithm, config=GradientClippingConfig):
     """Clips gradients before every optimizer step (see `GradientClippingConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: GradientClippingConfig
     required_events = (Event.AFTER_TRAIN_BATCH,)
 
-    def __init__(self, clipping_type: ClippingType = "norm", clipping_threshold: float = 1.0):
-        self.config = GradientClippingConfig(
-            clipping_type=clipping_type, clipping_threshold=clipping_threshold
-        )
+    def __init__(self, config: GradientClippingConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_TRAIN_BATCH
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        if state.scaler is not None:
-            for optimizer in state.optimizers:
-                state.scaler.unscale_(optimizer)
-        apply_gradient_clipping(
-            state.model,
-            clipping_type=self.config.clipping_type,
-            clipping_threshold=self.config.clipping_threshold,
-        )
+        for optimizer in state.optimizers:
+            state.precision.unscale_gradients(optimizer)
+        apply_gradient_clipping(state.model, self.config)

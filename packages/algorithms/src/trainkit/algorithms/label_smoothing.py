@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from trainkit.algorithms._batch import Key, get_item, set_item
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["LabelSmoothing", "LabelSmoothingConfig", "smooth_labels"]
 
@@ -34,14 +35,19 @@ class LabelSmoothingConfig:
 
 
 def smooth_labels(
-    logits: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    config: LabelSmoothingConfig | None = None,
+    /,
+    **options: Any,
 ) -> torch.Tensor:
     """Smoothed class probabilities, shaped like ``logits`` (classes along dim 1).
 
     ``target`` is class indices (logits' shape without dim 1) or probabilities (logits'
-    shape); either way the result is ``(1 - smoothing) * probabilities + smoothing / K``.
+    shape); either way the result is ``(1 - smoothing) * probabilities + smoothing / K``,
+    with ``smoothing`` from the `LabelSmoothingConfig` or keyword arguments.
     """
-    LabelSmoothingConfig(smoothing=smoothing)
+    smoothing = build_config(LabelSmoothingConfig, config, options).smoothing
     num_classes = logits.shape[1]
     if target.shape == logits.shape and target.is_floating_point():
         probabilities = target
@@ -56,14 +62,14 @@ def smooth_labels(
     return probabilities.to(logits.dtype) * (1.0 - smoothing) + smoothing / num_classes
 
 
-class LabelSmoothing:
+class LabelSmoothing(ComposableAlgorithm, config=LabelSmoothingConfig):
     """Smooths the targets the loss sees (see `LabelSmoothingConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
-    composition_role = "interpolates_loss"
+    config: LabelSmoothingConfig
+    mixes_targets = True
 
-    def __init__(self, smoothing: float = 0.1, *, target_key: Key = 1):
-        self.config = LabelSmoothingConfig(smoothing=smoothing, target_key=target_key)
+    def __init__(self, config: LabelSmoothingConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self._original: Any = None
 
     def match(self, event: Event, state: State) -> bool:
@@ -73,7 +79,7 @@ class LabelSmoothing:
         key = self.config.target_key
         if event == Event.BEFORE_LOSS:
             self._original = get_item(state.batch, key, "label_smoothing")
-            smoothed = smooth_labels(state.outputs, self._original, self.config.smoothing)
+            smoothed = smooth_labels(state.outputs, self._original, self.config)
             state.batch = set_item(state.batch, key, smoothed)
         elif self._original is not None:
             state.batch = set_item(state.batch, key, self._original)

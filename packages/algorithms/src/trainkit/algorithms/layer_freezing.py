@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["LayerFreezing", "LayerFreezingConfig", "freeze_layers", "frozen_fraction"]
 
@@ -35,12 +37,16 @@ class LayerFreezingConfig:
 
 
 def frozen_fraction(
-    elapsed: float, *, freeze_start: float = 0.5, freeze_level: float = 1.0
+    elapsed: float, config: LayerFreezingConfig | None = None, /, **options: Any
 ) -> float:
-    """Share of the layers frozen once ``elapsed`` (0 to 1) of training is done."""
-    if elapsed <= freeze_start:
+    """Share of the layers frozen once ``elapsed`` (0 to 1) of training is done.
+
+    Takes a `LayerFreezingConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(LayerFreezingConfig, config, options)
+    if elapsed <= cfg.freeze_start:
         return 0.0
-    return freeze_level * min((elapsed - freeze_start) / (1.0 - freeze_start), 1.0)
+    return cfg.freeze_level * min((elapsed - cfg.freeze_start) / (1.0 - cfg.freeze_start), 1.0)
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
@@ -67,23 +73,20 @@ def freeze_layers(model: nn.Module, fraction: float) -> int:
     return count
 
 
-class LayerFreezing:
+class LayerFreezing(ComposableAlgorithm, config=LayerFreezingConfig):
     """Freezes the earliest layers progressively (see `LayerFreezingConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: LayerFreezingConfig
 
-    def __init__(self, freeze_start: float = 0.5, freeze_level: float = 1.0):
-        self.config = LayerFreezingConfig(freeze_start=freeze_start, freeze_level=freeze_level)
+    def __init__(self, config: LayerFreezingConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self.frozen_layers = 0
 
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.FIT_START, Event.BATCH_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        cfg = self.config
-        fraction = frozen_fraction(
-            state.elapsed_fraction(), freeze_start=cfg.freeze_start, freeze_level=cfg.freeze_level
-        )
+        fraction = frozen_fraction(state.elapsed_fraction(), self.config)
         model = state.parallelism.unwrap(state.model)
         count = math.floor(fraction * len(_layers(model)) + 1e-9)
         if count > self.frozen_layers or (event == Event.FIT_START and count):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +24,10 @@ from trainkit.algorithms._low_precision import (
     dtype_for,
     run_in_dtype,
 )
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "LPLayerNorm",
@@ -39,7 +41,8 @@ __all__ = [
 class LowPrecisionLayerNormConfig:
     dtype: LowPrecisionDtype | None = None
     """"bfloat16" or "float16"; None follows the run's precision (amp_bf16 -> bfloat16,
-    amp_fp16 -> float16) and does nothing in an fp32 run."""
+    amp_fp16 -> float16) and does nothing in an fp32 run (`apply_low_precision_layernorm`,
+    which has no run to follow, takes None as "bfloat16")."""
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
@@ -72,12 +75,18 @@ class LPLayerNorm(nn.LayerNorm):
 
 def apply_low_precision_layernorm(
     model: nn.Module,
+    config: LowPrecisionLayerNormConfig | None = None,
+    /,
     *,
-    dtype: LowPrecisionDtype = "bfloat16",
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> dict[str, nn.Module]:
-    """Replace every `nn.LayerNorm` (not subclasses) with an `LPLayerNorm` in ``dtype``."""
-    check_dtype(dtype)
+    """Replace every `nn.LayerNorm` (not subclasses) with an `LPLayerNorm`.
+
+    Takes a `LowPrecisionLayerNormConfig` or its fields as keyword arguments; without a run
+    to follow, ``dtype=None`` means "bfloat16".
+    """
+    dtype = build_config(LowPrecisionLayerNormConfig, config, options).dtype or "bfloat16"
     low = LOW_PRECISION_DTYPES[dtype]
     return replace_modules(
         model,
@@ -87,16 +96,22 @@ def apply_low_precision_layernorm(
     )
 
 
-class LowPrecisionLayerNorm:
-    """Swaps in `LPLayerNorm` at INIT (see `LowPrecisionLayerNormConfig`)."""
+class LowPrecisionLayerNorm(ComposableAlgorithm, config=LowPrecisionLayerNormConfig):
+    """Swaps in `LPLayerNorm` at INIT (see `LowPrecisionLayerNormConfig`).
 
-    ordering_passes = STANDARD_PASSES
-    composition_role = "last"
-    required_on_load = True
+    Runs last (``order = "last"``), to replace the norms other surgery left in place. Not
+    ``required_on_load``: `LPLayerNorm` keeps the parameters and their names, so its
+    checkpoints load into a model without it.
+    """
+
+    config: LowPrecisionLayerNormConfig
+    order = "last"
     required_events = (Event.INIT,)
 
-    def __init__(self, *, dtype: LowPrecisionDtype | None = None):
-        self.config = LowPrecisionLayerNormConfig(dtype=dtype)
+    def __init__(
+        self, config: LowPrecisionLayerNormConfig | None = None, /, **options: Any
+    ) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
@@ -110,7 +125,8 @@ class LowPrecisionLayerNorm:
                 stacklevel=2,
             )
             return
+        model = state.parallelism.unwrap(state.model)
         replaced = apply_low_precision_layernorm(
-            state.parallelism.unwrap(state.model), dtype=low, optimizers=state.optimizers
+            model, self.config, dtype=low, optimizers=state.optimizers
         )
         logger.log_hyperparameters({"low_precision_layernorm/num_replaced": len(replaced)})

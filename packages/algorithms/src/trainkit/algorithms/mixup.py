@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from trainkit.algorithms._batch import Key, get_item, interpolate_loss, set_item
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["MixUp", "MixUpConfig", "mixup_batch"]
 
@@ -39,20 +40,23 @@ class MixUpConfig:
 def mixup_batch(
     x: torch.Tensor,
     y: torch.Tensor,
+    config: MixUpConfig | None = None,
+    /,
     *,
-    alpha: float = 0.2,
     mixing: float | None = None,
     indices: torch.Tensor | None = None,
+    **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Mix each sample with another of the batch.
 
     Returns ``(x_mixed, y_permuted, mixing)`` with ``x_mixed = (1 - mixing) * x +
     mixing * x[indices]`` and ``y_permuted = y[indices]``; train on ``(1 - mixing) *
     loss(y) + mixing * loss(y_permuted)``. ``mixing`` is drawn from Beta(alpha, alpha)
-    and ``indices`` is a random permutation unless given.
+    (``alpha`` from the `MixUpConfig` or keyword arguments) and ``indices`` is a random
+    permutation unless given.
     """
+    alpha = build_config(MixUpConfig, config, options).alpha
     if mixing is None:
-        MixUpConfig(alpha=alpha)
         mixing = float(torch.distributions.Beta(alpha, alpha).sample())
     if not 0.0 <= mixing <= 1.0:
         raise ValueError(f"mixing must be in [0, 1], got {mixing}")
@@ -67,26 +71,14 @@ def mixup_batch(
     return x_mixed, y[indices], mixing
 
 
-class MixUp:
+class MixUp(ComposableAlgorithm, config=MixUpConfig):
     """Trains on mixed pairs of samples (see `MixUpConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
-    composition_role = "interpolates_loss"
+    config: MixUpConfig
+    mixes_targets = True
 
-    def __init__(
-        self,
-        alpha: float = 0.2,
-        *,
-        interpolate_loss: bool = True,
-        input_key: Key = 0,
-        target_key: Key = 1,
-    ):
-        self.config = MixUpConfig(
-            alpha=alpha,
-            interpolate_loss=interpolate_loss,
-            input_key=input_key,
-            target_key=target_key,
-        )
+    def __init__(self, config: MixUpConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self.mixing = 0.0
         self.indices: torch.Tensor | None = None
         self.permuted_targets: Any = None
@@ -103,7 +95,7 @@ class MixUp:
             y = get_item(state.batch, cfg.target_key, "mixup")
             self.indices = torch.randperm(x.shape[0], device=x.device)
             x_mixed, self.permuted_targets, self.mixing = mixup_batch(
-                x, y, alpha=cfg.alpha, indices=self.indices
+                x, y, cfg, indices=self.indices
             )
             state.batch = set_item(state.batch, cfg.input_key, x_mixed)
             return

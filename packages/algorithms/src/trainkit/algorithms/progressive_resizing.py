@@ -10,14 +10,15 @@ interpolates (bilinear), "crop" takes a random crop. Evaluation data is never to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from trainkit.algorithms._batch import Key, get_item, set_item
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["ProgressiveResizing", "ProgressiveResizingConfig", "resize_batch", "resizing_scale"]
 
@@ -62,8 +63,14 @@ class ProgressiveResizingConfig:
             raise ValueError(f"mode {self.mode!r} is not one of 'resize', 'crop'")
 
 
-def resizing_scale(elapsed: float, config: ProgressiveResizingConfig) -> float:
-    """The image scale once ``elapsed`` (0 to 1) of training is done."""
+def resizing_scale(
+    elapsed: float, config: ProgressiveResizingConfig | None = None, /, **options: Any
+) -> float:
+    """The image scale once ``elapsed`` (0 to 1) of training is done.
+
+    Takes a `ProgressiveResizingConfig` or its fields as keyword arguments.
+    """
+    config = build_config(ProgressiveResizingConfig, config, options)
     grow_end = 1.0 - config.finetune_fraction
     if elapsed < config.delay_fraction:
         return config.initial_scale
@@ -76,16 +83,20 @@ def resizing_scale(elapsed: float, config: ProgressiveResizingConfig) -> float:
 def resize_batch(
     x: torch.Tensor,
     y: torch.Tensor | None = None,
+    config: ProgressiveResizingConfig | None = None,
+    /,
     *,
     scale: float,
-    mode: Mode = "resize",
-    size_increment: int = 4,
-    resize_targets: bool = False,
+    **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Images ``x`` (N, C, H, W) at ``scale`` of their size, rounded down to ``size_increment``.
 
-    Returns ``(x, y)``; ``y`` changes only with ``resize_targets``.
+    ``mode``, ``size_increment`` and ``resize_targets`` come from the
+    `ProgressiveResizingConfig` or keyword arguments. Returns ``(x, y)``; ``y`` changes
+    only with ``resize_targets``.
     """
+    cfg = build_config(ProgressiveResizingConfig, config, options)
+    mode, size_increment, resize_targets = cfg.mode, cfg.size_increment, cfg.resize_targets
     if x.ndim != 4:
         raise ValueError(
             f"progressive_resizing needs images shaped (N, C, H, W), got shape {tuple(x.shape)}"
@@ -116,33 +127,13 @@ def _resize_targets(y: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(y.unsqueeze(1).float(), size=size, mode="nearest").squeeze(1).to(y.dtype)
 
 
-class ProgressiveResizing:
+class ProgressiveResizing(ComposableAlgorithm, config=ProgressiveResizingConfig):
     """Trains on smaller images early on (see `ProgressiveResizingConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: ProgressiveResizingConfig
 
-    def __init__(
-        self,
-        initial_scale: float = 0.5,
-        delay_fraction: float = 0.5,
-        finetune_fraction: float = 0.2,
-        *,
-        size_increment: int = 4,
-        mode: Mode = "resize",
-        resize_targets: bool = False,
-        input_key: Key = 0,
-        target_key: Key = 1,
-    ):
-        self.config = ProgressiveResizingConfig(
-            initial_scale=initial_scale,
-            delay_fraction=delay_fraction,
-            finetune_fraction=finetune_fraction,
-            size_increment=size_increment,
-            mode=mode,
-            resize_targets=resize_targets,
-            input_key=input_key,
-            target_key=target_key,
-        )
+    def __init__(self, config: ProgressiveResizingConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BATCH_START
@@ -158,14 +149,7 @@ class ProgressiveResizing:
             if cfg.resize_targets
             else None
         )
-        x, y = resize_batch(
-            x,
-            y,
-            scale=scale,
-            mode=cfg.mode,
-            size_increment=cfg.size_increment,
-            resize_targets=cfg.resize_targets,
-        )
+        x, y = resize_batch(x, y, cfg, scale=scale)
         state.batch = set_item(state.batch, cfg.input_key, x)
         if cfg.resize_targets:
             state.batch = set_item(state.batch, cfg.target_key, y)

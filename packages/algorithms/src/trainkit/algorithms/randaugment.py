@@ -11,14 +11,15 @@ normalisation. The Algorithm applies it at AFTER_DATALOADER, on the CPU batch; u
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from trainkit.algorithms._batch import Key, get_item, set_item
 from trainkit.algorithms._image_ops import ALL_OPS, SAFE_OPS, apply_op, check_images
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = ["RandAugment", "RandAugmentConfig", "randaugment_batch", "randaugment_image"]
 
@@ -48,58 +49,38 @@ class RandAugmentConfig:
 
 
 def randaugment_image(
-    img: torch.Tensor,
-    *,
-    num_ops: int = 2,
-    magnitude: float = 9.0,
-    augmentation_set: AugmentationSet = "all",
+    img: torch.Tensor, config: RandAugmentConfig | None = None, /, **options: Any
 ) -> torch.Tensor:
-    """One image (C, H, W) in [0, 1] after ``num_ops`` random operations."""
-    RandAugmentConfig(num_ops=num_ops, magnitude=magnitude, augmentation_set=augmentation_set)
-    names = list(ALL_OPS if augmentation_set == "all" else SAFE_OPS)
-    for index in torch.randint(len(names), (num_ops,)).tolist():
-        img = apply_op(names[index], img, magnitude)
+    """One image (C, H, W) in [0, 1] after ``num_ops`` random operations.
+
+    Takes a `RandAugmentConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(RandAugmentConfig, config, options)
+    names = list(ALL_OPS if cfg.augmentation_set == "all" else SAFE_OPS)
+    for index in torch.randint(len(names), (cfg.num_ops,)).tolist():
+        img = apply_op(names[index], img, cfg.magnitude)
     return img
 
 
 def randaugment_batch(
-    x: torch.Tensor,
-    *,
-    num_ops: int = 2,
-    magnitude: float = 9.0,
-    augmentation_set: AugmentationSet = "all",
+    x: torch.Tensor, config: RandAugmentConfig | None = None, /, **options: Any
 ) -> torch.Tensor:
-    """Every image of ``x`` (N, C, H, W) in [0, 1] with its own random operations."""
+    """Every image of ``x`` (N, C, H, W) in [0, 1] with its own random operations.
+
+    Takes a `RandAugmentConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(RandAugmentConfig, config, options)
     check_images(x, "randaugment")
-    return torch.stack(
-        [
-            randaugment_image(
-                img, num_ops=num_ops, magnitude=magnitude, augmentation_set=augmentation_set
-            )
-            for img in x
-        ]
-    )
+    return torch.stack([randaugment_image(img, cfg) for img in x])
 
 
-class RandAugment:
+class RandAugment(ComposableAlgorithm, config=RandAugmentConfig):
     """Applies random image operations to every training image (see `RandAugmentConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: RandAugmentConfig
 
-    def __init__(
-        self,
-        num_ops: int = 2,
-        magnitude: float = 9.0,
-        augmentation_set: AugmentationSet = "all",
-        *,
-        input_key: Key = 0,
-    ):
-        self.config = RandAugmentConfig(
-            num_ops=num_ops,
-            magnitude=magnitude,
-            augmentation_set=augmentation_set,
-            input_key=input_key,
-        )
+    def __init__(self, config: RandAugmentConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
@@ -107,7 +88,4 @@ class RandAugment:
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         x = get_item(state.batch, cfg.input_key, "randaugment")
-        x = randaugment_batch(
-            x, num_ops=cfg.num_ops, magnitude=cfg.magnitude, augmentation_set=cfg.augmentation_set
-        )
-        state.batch = set_item(state.batch, cfg.input_key, x)
+        state.batch = set_item(state.batch, cfg.input_key, randaugment_batch(x, cfg))

@@ -24,8 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
-from trainkit.core import Event, Logger, State, autocast
+from trainkit.algorithms._passes import ComposableAlgorithm
+from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
+from trainkit.core.loop import microbatch_weights
 
 __all__ = ["SAM", "SAMConfig", "sam_gradient"]
 
@@ -55,17 +57,19 @@ class SAMConfig:
 def sam_gradient(
     model: nn.Module,
     loss_at: Any,
-    *,
-    rho: float = 0.05,
-    epsilon: float = 1e-12,
+    config: SAMConfig | None = None,
+    /,
+    **options: Any,
 ) -> None:
     """Replace the gradients in ``model`` (already computed at its weights) by SAM's.
 
     ``loss_at()`` must run forward and backward at the model's current weights (it is
     called once, at the perturbed weights, with gradients cleared). The weights are
-    restored exactly afterwards.
+    restored exactly afterwards. ``rho`` and ``epsilon`` come from the `SAMConfig` or
+    keyword arguments (``interval`` is the Algorithm's business).
     """
-    SAMConfig(rho=rho, epsilon=epsilon)
+    cfg = build_config(SAMConfig, config, options)
+    rho, epsilon = cfg.rho, cfg.epsilon
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         raise ValueError("SAM found no gradients: run backward before computing the SAM gradient")
@@ -84,13 +88,13 @@ def sam_gradient(
                 param.copy_(original)
 
 
-class SAM:
+class SAM(ComposableAlgorithm, config=SAMConfig):
     """Takes sharpness-aware steps (see `SAMConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: SAMConfig
 
-    def __init__(self, rho: float = 0.05, epsilon: float = 1e-12, interval: int = 1):
-        self.config = SAMConfig(rho=rho, epsilon=epsilon, interval=interval)
+    def __init__(self, config: SAMConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self._microbatches: list[Any] = []
 
     def match(self, event: Event, state: State) -> bool:
@@ -113,21 +117,21 @@ class SAM:
             sam_gradient(
                 state.parallelism.unwrap(state.model),
                 lambda: _forward_backward(state, microbatches),
-                rho=self.config.rho,
-                epsilon=self.config.epsilon,
+                self.config,
             )
 
 
 def _check_run(state: State) -> None:
-    if state.scaler is not None:
+    if state.precision.scales_loss:
         raise ValueError(
-            "SAM does not support precision 'amp_fp16' (its grad scaler may skip steps whose "
-            "gradients SAM already used); use 'amp_bf16' or 'fp32'"
+            f"SAM does not support precision {state.precision.name!r} (it scales the loss, and "
+            "its grad scaler may skip steps whose gradients SAM already used); use 'amp_bf16' "
+            "or 'fp32'"
         )
     loss_methods = [
         type(a).__name__
         for a in state.algorithms
-        if getattr(a, "composition_role", None) == "interpolates_loss"
+        if isinstance(a, ComposableAlgorithm) and a.mixes_targets
     ]
     if loss_methods:
         warnings.warn(
@@ -141,16 +145,11 @@ def _forward_backward(state: State, microbatches: list[Any]) -> None:
     model, data = state.model, state.train_data
     unwrapped = state.parallelism.unwrap(model)
     assert data is not None
-    if len(microbatches) == 1:
-        weights: list[float | None] = [None]
-    else:
-        measure = getattr(unwrapped, "loss_weight", None) or data.get_num_samples_in_batch
-        counts = [measure(mb) for mb in microbatches]
-        weights = [c / sum(counts) for c in counts]
+    weights = microbatch_weights(unwrapped, data, microbatches)
     last = len(microbatches) - 1
     for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
         sync = contextlib.nullcontext() if index == last else state.parallelism.no_sync(model)
         with sync:
-            with autocast(state.precision, state.device):
+            with state.precision.autocast():
                 loss = unwrapped.loss(model(microbatch), microbatch)
             (loss if weight is None else loss * weight).backward()

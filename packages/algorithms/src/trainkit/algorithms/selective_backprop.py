@@ -5,7 +5,7 @@ scores every sample; the batch is cut to the ``keep`` share with the highest los
 the step runs on those (the scoring pass runs in training mode, as the step will, so it
 also updates batch-norm statistics). It applies between ``start`` and ``end`` of training, except on
 every ``interrupt``-th batch, which trains on all samples. It runs before the other
-methods (composition role "first"), so they see only the samples kept. Progress is still
+methods (``order = "first"``), so they see only the samples kept. Progress is still
 counted in the samples loaded.
 """
 
@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from trainkit.algorithms._batch import index_batch
-from trainkit.algorithms._passes import STANDARD_PASSES
-from trainkit.core import Event, Logger, State, autocast
+from trainkit.algorithms._passes import ComposableAlgorithm
+from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "SelectiveBackprop",
@@ -63,10 +64,20 @@ class SelectiveBackpropConfig:
             raise ValueError(f"interrupt must be a non-negative int, got {self.interrupt!r}")
 
 
-def should_select(elapsed: float, batch: int, *, start: float, end: float, interrupt: int) -> bool:
-    """Whether batch number ``batch`` (0-based), at ``elapsed`` of training, is cut."""
-    in_window = start <= elapsed < end
-    return in_window and (interrupt == 0 or (batch + 1) % interrupt != 0)
+def should_select(
+    elapsed: float,
+    batch: int,
+    config: SelectiveBackpropConfig | None = None,
+    /,
+    **options: Any,
+) -> bool:
+    """Whether batch number ``batch`` (0-based), at ``elapsed`` of training, is cut.
+
+    Takes a `SelectiveBackpropConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(SelectiveBackpropConfig, config, options)
+    in_window = cfg.start <= elapsed < cfg.end
+    return in_window and (cfg.interrupt == 0 or (batch + 1) % cfg.interrupt != 0)
 
 
 def per_sample_losses(model: Any, outputs: Any, batch: Any) -> torch.Tensor:
@@ -88,36 +99,32 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     return [t for v in values for t in _tensors(v)]
 
 
-def select_high_loss(batch: Any, losses: torch.Tensor, keep: float) -> tuple[Any, torch.Tensor]:
+def select_high_loss(
+    batch: Any,
+    losses: torch.Tensor,
+    config: SelectiveBackpropConfig | None = None,
+    /,
+    **options: Any,
+) -> tuple[Any, torch.Tensor]:
     """Keep the ``round(keep * N)`` (at least 1) samples with the highest ``losses``.
 
-    Returns ``(kept batch, kept indices)``; the kept samples stay in their original order.
+    ``keep`` comes from the `SelectiveBackpropConfig` or keyword arguments. Returns
+    ``(kept batch, kept indices)``; the kept samples stay in their original order.
     """
-    if not 0.0 < keep <= 1.0:
-        raise ValueError(f"keep must be in (0, 1], got {keep}")
+    keep = build_config(SelectiveBackpropConfig, config, options).keep
     count = max(1, round(keep * losses.shape[0]))
     indices = torch.topk(losses.detach().float(), count).indices.sort().values
     return index_batch(batch, indices), indices
 
 
-class SelectiveBackprop:
+class SelectiveBackprop(ComposableAlgorithm, config=SelectiveBackpropConfig):
     """Trains on the highest-loss samples of each batch (see `SelectiveBackpropConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
-    composition_role = "first"
+    config: SelectiveBackpropConfig
+    order = "first"
 
-    def __init__(
-        self,
-        start: float = 0.5,
-        end: float = 0.9,
-        keep: float = 0.5,
-        interrupt: int = 2,
-        *,
-        per_sample_loss: PerSampleLoss | None = None,
-    ):
-        self.config = SelectiveBackpropConfig(
-            start=start, end=end, keep=keep, interrupt=interrupt, per_sample_loss=per_sample_loss
-        )
+    def __init__(self, config: SelectiveBackpropConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self.kept: torch.Tensor | None = None
         """Indices kept from the last batch (None when it was not cut)."""
 
@@ -127,14 +134,13 @@ class SelectiveBackprop:
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         self.kept = None
-        elapsed, batch = state.elapsed_fraction(), state.timestamp.batch
-        if not should_select(elapsed, batch, start=cfg.start, end=cfg.end, interrupt=cfg.interrupt):
+        if not should_select(state.elapsed_fraction(), state.timestamp.batch, cfg):
             return
         model = state.parallelism.unwrap(state.model)
-        with torch.no_grad(), autocast(state.precision, state.device):
+        with torch.no_grad(), state.precision.autocast():
             outputs = state.model(state.batch)
             if cfg.per_sample_loss is not None:
                 losses = cfg.per_sample_loss(outputs, state.batch)
             else:
                 losses = per_sample_losses(model, outputs, state.batch)
-        state.batch, self.kept = select_high_loss(state.batch, losses, cfg.keep)
+        state.batch, self.kept = select_high_loss(state.batch, losses, cfg)

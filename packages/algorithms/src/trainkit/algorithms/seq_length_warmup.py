@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "SeqLengthWarmup",
@@ -57,8 +58,14 @@ class SeqLengthWarmupConfig:
             )
 
 
-def warmup_sequence_length(elapsed: float, config: SeqLengthWarmupConfig) -> int:
-    """The sequence length once ``elapsed`` (0 to 1) of training is done."""
+def warmup_sequence_length(
+    elapsed: float, config: SeqLengthWarmupConfig | None = None, /, **options: Any
+) -> int:
+    """The sequence length once ``elapsed`` (0 to 1) of training is done.
+
+    Takes a `SeqLengthWarmupConfig` or its fields as keyword arguments.
+    """
+    config = build_config(SeqLengthWarmupConfig, config, options)
     if elapsed >= config.duration:
         return config.max_seq_length
     grown = (config.max_seq_length - config.min_seq_length) * elapsed / config.duration
@@ -67,12 +74,18 @@ def warmup_sequence_length(elapsed: float, config: SeqLengthWarmupConfig) -> int
 
 
 def set_batch_sequence_length(
-    batch: Mapping[str, Any], length: int, *, truncate: bool = True
+    batch: Mapping[str, Any],
+    length: int,
+    config: SeqLengthWarmupConfig | None = None,
+    /,
+    **options: Any,
 ) -> dict[str, Any]:
     """The batch with sequences of at most ``length``: cut, or reshaped into more rows.
 
     Every tensor shaped like ``input_ids`` in its first two dims changes; others are kept.
+    ``truncate`` comes from the `SeqLengthWarmupConfig` or keyword arguments.
     """
+    truncate = build_config(SeqLengthWarmupConfig, config, options).truncate
     if not isinstance(batch, Mapping) or not isinstance(batch.get("input_ids"), torch.Tensor):
         raise ValueError(
             "seq_length_warmup needs dict batches with an 'input_ids' tensor shaped (N, L); "
@@ -100,30 +113,17 @@ def set_batch_sequence_length(
     return out
 
 
-class SeqLengthWarmup:
+class SeqLengthWarmup(ComposableAlgorithm, config=SeqLengthWarmupConfig):
     """Grows the training sequence length on schedule (see `SeqLengthWarmupConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: SeqLengthWarmupConfig
 
-    def __init__(
-        self,
-        duration: float = 0.3,
-        min_seq_length: int = 8,
-        max_seq_length: int = 1024,
-        step_size: int = 8,
-        truncate: bool = True,
-    ):
-        self.config = SeqLengthWarmupConfig(
-            duration=duration,
-            min_seq_length=min_seq_length,
-            max_seq_length=max_seq_length,
-            step_size=step_size,
-            truncate=truncate,
-        )
+    def __init__(self, config: SeqLengthWarmupConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         length = warmup_sequence_length(state.elapsed_fraction(), self.config)
-        state.batch = set_batch_sequence_length(state.batch, length, truncate=self.config.truncate)
+        state.batch = set_batch_sequence_length(state.batch, length, self.config)

@@ -8,13 +8,15 @@ channel. The new parameters join the first parameter group of the run's optimize
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "SqueezeExcite",
@@ -75,44 +77,42 @@ class SqueezeExciteConv2d(nn.Module):
 
 def apply_squeeze_excite(
     model: nn.Module,
+    config: SqueezeExciteConfig | None = None,
+    /,
     *,
-    latent_channels: float = 64,
-    min_channels: int = 128,
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> dict[str, nn.Module]:
-    """Add a squeeze-excite block after each wide enough conv; returns them by name."""
-    config = SqueezeExciteConfig(latent_channels=latent_channels, min_channels=min_channels)
+    """Add a squeeze-excite block after each wide enough conv; returns them by name.
+
+    Takes a `SqueezeExciteConfig` or its fields as keyword arguments.
+    """
+    cfg = build_config(SqueezeExciteConfig, config, options)
 
     def add_block(conv: nn.Conv2d, index: int) -> nn.Module | None:
-        if conv.out_channels < min_channels:
+        if conv.out_channels < cfg.min_channels:
             return None
-        return SqueezeExciteConv2d(conv, config.latent_for(conv.out_channels))
+        return SqueezeExciteConv2d(conv, cfg.latent_for(conv.out_channels))
 
     return replace_modules(
         model, {nn.Conv2d: add_block}, optimizers=optimizers, method="squeeze_excite"
     )
 
 
-class SqueezeExcite:
+class SqueezeExcite(ComposableAlgorithm, config=SqueezeExciteConfig):
     """Adds squeeze-excite blocks at INIT (see `SqueezeExciteConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: SqueezeExciteConfig
     required_on_load = True
     required_events = (Event.INIT,)
 
-    def __init__(self, *, latent_channels: float = 64, min_channels: int = 128):
-        self.config = SqueezeExciteConfig(
-            latent_channels=latent_channels, min_channels=min_channels
-        )
+    def __init__(self, config: SqueezeExciteConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        replaced = apply_squeeze_excite(
-            state.parallelism.unwrap(state.model),
-            latent_channels=self.config.latent_channels,
-            min_channels=self.config.min_channels,
-            optimizers=state.optimizers,
-        )
+        model = state.parallelism.unwrap(state.model)
+        replaced = apply_squeeze_excite(model, self.config, optimizers=state.optimizers)
         logger.log_hyperparameters({"squeeze_excite/num_replaced": len(replaced)})

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "StochasticBlock",
@@ -28,13 +29,15 @@ __all__ = [
     "apply_stochastic_depth",
 ]
 
-Target = type[nn.Module] | Callable[[nn.Module], bool]
+Target = str | type[nn.Module] | Callable[[nn.Module], bool]
 
 
 @dataclass(kw_only=True)
 class StochasticDepthConfig:
-    target: Target
-    """The residual blocks: a module class, or a predicate on modules."""
+    target: Target = "Bottleneck"
+    """The residual blocks: a class name matched against each module's class (``"Bottleneck"``,
+    torchvision ResNet-50's block, or ``"BasicBlock"``; a dotted ``"module.Class"`` matches
+    the full name), a module class, or a predicate on modules."""
     drop_rate: float = 0.2
     """Drop probability of the deepest block, in [0, 1)."""
     drop_distribution: Literal["linear", "uniform"] = "linear"
@@ -44,8 +47,10 @@ class StochasticDepthConfig:
     """"block": one draw per batch, skipping the computation; "sample": one per sample."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.target, type) or callable(self.target)):
-            raise ValueError(f"target must be a module class or a predicate, got {self.target!r}")
+        if not (isinstance(self.target, str | type) or callable(self.target)) or self.target == "":
+            raise ValueError(
+                f"target must be a class name, a module class or a predicate, got {self.target!r}"
+            )
         if not 0.0 <= self.drop_rate < 1.0:
             raise ValueError(f"drop_rate must be in [0, 1), got {self.drop_rate}")
         if self.drop_distribution not in ("linear", "uniform"):
@@ -85,27 +90,35 @@ class StochasticBlock(nn.Module):
 
 
 def _matches(target: Target, module: nn.Module) -> bool:
+    if isinstance(target, str):
+        cls = type(module)
+        return target in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
     return isinstance(module, target) if isinstance(target, type) else bool(target(module))
 
 
 def apply_stochastic_depth(
     model: nn.Module,
+    config: StochasticDepthConfig | None = None,
+    /,
     *,
-    target: Target,
-    drop_rate: float = 0.2,
-    drop_distribution: Literal["linear", "uniform"] = "linear",
-    mode: Literal["block", "sample"] = "block",
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> dict[str, nn.Module]:
-    """Wrap every ``target`` block of ``model`` in a `StochasticBlock`; returns them by name."""
-    StochasticDepthConfig(
-        target=target, drop_rate=drop_rate, drop_distribution=drop_distribution, mode=mode
-    )
+    """Wrap every ``target`` block of ``model`` in a `StochasticBlock`; returns them by name.
+
+    Takes a `StochasticDepthConfig` or its fields as keyword arguments (``target`` at least).
+    """
+    cfg = build_config(StochasticDepthConfig, config, options)
+    target = cfg.target
     count = sum(1 for _, m in model.named_modules() if _matches(target, m))
 
     def wrap(block: nn.Module, index: int) -> nn.Module:
-        rate = drop_rate * (index + 1) / count if drop_distribution == "linear" else drop_rate
-        return StochasticBlock(block, rate, mode)
+        rate = (
+            cfg.drop_rate * (index + 1) / count
+            if cfg.drop_distribution == "linear"
+            else cfg.drop_rate
+        )
+        return StochasticBlock(block, rate, cfg.mode)
 
     return replace_modules(
         model,
@@ -116,35 +129,20 @@ def apply_stochastic_depth(
     )
 
 
-class StochasticDepth:
+class StochasticDepth(ComposableAlgorithm, config=StochasticDepthConfig):
     """Wraps residual blocks at INIT (see `StochasticDepthConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: StochasticDepthConfig
     required_on_load = True
     required_events = (Event.INIT,)
 
-    def __init__(
-        self,
-        target: Target,
-        *,
-        drop_rate: float = 0.2,
-        drop_distribution: Literal["linear", "uniform"] = "linear",
-        mode: Literal["block", "sample"] = "block",
-    ):
-        self.config = StochasticDepthConfig(
-            target=target, drop_rate=drop_rate, drop_distribution=drop_distribution, mode=mode
-        )
+    def __init__(self, config: StochasticDepthConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        replaced = apply_stochastic_depth(
-            state.parallelism.unwrap(state.model),
-            target=self.config.target,
-            drop_rate=self.config.drop_rate,
-            drop_distribution=self.config.drop_distribution,
-            mode=self.config.mode,
-            optimizers=state.optimizers,
-        )
+        model = state.parallelism.unwrap(state.model)
+        replaced = apply_stochastic_depth(model, self.config, optimizers=state.optimizers)
         logger.log_hyperparameters({"stochastic_depth/num_replaced": len(replaced)})

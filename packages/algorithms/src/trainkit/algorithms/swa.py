@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State, TimeUnit, ensure_time
 
 __all__ = ["SWA", "SWAConfig", "recompute_batchnorm", "update_average"]
@@ -80,25 +80,14 @@ def recompute_batchnorm(model: nn.Module, batches: Any, forward: Any = None) -> 
     return len(norms)
 
 
-class SWA:
+class SWA(ComposableAlgorithm, config=SWAConfig):
     """Averages the weights late in training and ends on the average (see `SWAConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: SWAConfig
 
-    def __init__(
-        self,
-        swa_start: float = 0.7,
-        update_interval: str = "1ep",
-        swa_lr: float | None = None,
-        bn_batches: int | None = None,
-    ):
-        self.config = SWAConfig(
-            swa_start=swa_start,
-            update_interval=update_interval,
-            swa_lr=swa_lr,
-            bn_batches=bn_batches,
-        )
-        interval = ensure_time(update_interval, "update_interval")
+    def __init__(self, config: SWAConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        interval = ensure_time(self.config.update_interval, "update_interval")
         self._event = Event.EPOCH_END if interval.unit == TimeUnit.EPOCH else Event.BATCH_END
         self._interval = interval
         self.average: dict[str, torch.Tensor] | None = None

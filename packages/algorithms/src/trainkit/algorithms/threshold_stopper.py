@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from trainkit.algorithms._monitor import Mode, check_mode, check_monitor, read_metric
 from trainkit.core import Callback, Logger, State
@@ -30,24 +31,20 @@ class ThresholdStopperConfig:
     "min" for names with loss, entropy, perplexity or error, else "max"."""
 
     def __post_init__(self) -> None:
-        self.mode = check_mode(self.monitor, self.mode)
+        check_mode(self.monitor, self.mode)
         if not isinstance(self.threshold, int | float) or not math.isfinite(self.threshold):
             raise ValueError(f"threshold must be a finite number, got {self.threshold!r}")
 
 
-class ThresholdStopper(Callback):
+class ThresholdStopper(Callback, config=ThresholdStopperConfig):
     """Stops training once ``monitor`` reaches ``threshold`` (see `ThresholdStopperConfig`)."""
 
-    def __init__(
-        self,
-        monitor: str,
-        threshold: float,
-        dataloader_label: str = "eval",
-        mode: Mode | None = None,
-    ):
-        self.config = ThresholdStopperConfig(
-            monitor=monitor, threshold=threshold, dataloader_label=dataloader_label, mode=mode
-        )
+    config: ThresholdStopperConfig
+
+    def __init__(self, config: ThresholdStopperConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.mode: Mode = check_mode(self.config.monitor, self.config.mode)
+        """The direction in use: the configured ``mode``, or the one inferred from the name."""
 
     def fit_start(self, state: State, logger: Logger) -> None:
         check_monitor(state, self.config.dataloader_label, self.config.monitor, "ThresholdStopper")
@@ -63,6 +60,6 @@ class ThresholdStopper(Callback):
     def _check(self, state: State) -> None:
         cfg = self.config
         value = read_metric(state, cfg.dataloader_label, cfg.monitor)
-        reached = value >= cfg.threshold if cfg.mode == "max" else value <= cfg.threshold
+        reached = value >= cfg.threshold if self.mode == "max" else value <= cfg.threshold
         if reached:
             state.stop_training()

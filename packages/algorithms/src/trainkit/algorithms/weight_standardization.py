@@ -12,14 +12,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import check_surgery_allowed
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "WeightStandardization",
@@ -56,12 +58,19 @@ class _Standardize(nn.Module):
 
 def apply_weight_standardization(
     model: nn.Module,
+    config: WeightStandardizationConfig | None = None,
+    /,
     *,
-    n_last_layers_ignore: int = 0,
     optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> list[str]:
-    """Standardize the weights of ``model``'s convolutions; returns their names."""
-    WeightStandardizationConfig(n_last_layers_ignore=n_last_layers_ignore)
+    """Standardize the weights of ``model``'s convolutions; returns their names.
+
+    Takes a `WeightStandardizationConfig` or its fields as keyword arguments.
+    """
+    n_last_layers_ignore = build_config(
+        WeightStandardizationConfig, config, options
+    ).n_last_layers_ignore
     optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else optimizers
     check_surgery_allowed(optimizers or [], "weight_standardization")
     convs = [
@@ -82,23 +91,22 @@ def apply_weight_standardization(
     return [name for name, _ in chosen]
 
 
-class WeightStandardization:
+class WeightStandardization(ComposableAlgorithm, config=WeightStandardizationConfig):
     """Standardizes convolution weights from INIT on (see `WeightStandardizationConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: WeightStandardizationConfig
     required_on_load = True
     required_events = (Event.INIT,)
 
-    def __init__(self, *, n_last_layers_ignore: int = 0):
-        self.config = WeightStandardizationConfig(n_last_layers_ignore=n_last_layers_ignore)
+    def __init__(
+        self, config: WeightStandardizationConfig | None = None, /, **options: Any
+    ) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        names = apply_weight_standardization(
-            state.parallelism.unwrap(state.model),
-            n_last_layers_ignore=self.config.n_last_layers_ignore,
-            optimizers=state.optimizers,
-        )
+        model = state.parallelism.unwrap(state.model)
+        names = apply_weight_standardization(model, self.config, optimizers=state.optimizers)
         logger.log_hyperparameters({"weight_standardization/num_replaced": len(names)})

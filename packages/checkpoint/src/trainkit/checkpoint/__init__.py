@@ -1,7 +1,12 @@
 """trainkit.checkpoint: elastic sharded checkpoints on torch.distributed.checkpoint."""
 
-from trainkit.checkpoint._checkpointer import Checkpointer, list_checkpoints
-from trainkit.checkpoint._errors import CheckpointError, StorageError, UnsafeCheckpointError
+from trainkit.checkpoint._checkpointer import Checkpointer, CheckpointerConfig, list_checkpoints
+from trainkit.checkpoint._errors import (
+    CheckpointError,
+    MissingAlgorithmError,
+    StorageError,
+    UnsafeCheckpointError,
+)
 from trainkit.checkpoint._load import load_checkpoint, resolve_checkpoint
 from trainkit.checkpoint._manifest import Manifest
 from trainkit.checkpoint._s3 import S3Storage
@@ -12,8 +17,10 @@ from trainkit.checkpoint._tools import export_checkpoint, inspect_checkpoint, ve
 __all__ = [
     "CheckpointError",
     "Checkpointer",
+    "CheckpointerConfig",
     "LocalStorage",
     "Manifest",
+    "MissingAlgorithmError",
     "PendingSave",
     "S3Storage",
     "Storage",

@@ -101,6 +101,12 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _required(algorithms: list[str]) -> str:
+    if not algorithms:
+        return "no algorithms"
+    return f"{', '.join(algorithms)} (algorithms a run must have to load it)"
+
+
 def _describe(info: dict[str, Any]) -> str:
     t = info["timestamp"]
     created = datetime.datetime.fromtimestamp(info["created"], datetime.UTC)
@@ -114,6 +120,7 @@ def _describe(info: dict[str, Any]) -> str:
         f"world size   {info['world_size']} ({layout})",
         f"run name     {info['run_name'] or '-'}",
         f"contents     {'model weights only' if info['weights_only'] else 'full training state'}",
+        f"requires     {_required(info['required_algorithms'])}",
         f"files        {len(info['files'])} files, {_size(info['total_size'])}",
     ]
     width = max(map(len, info["files"]), default=0)

@@ -1,6 +1,11 @@
 """Errors raised by trainkit.checkpoint."""
 
-__all__ = ["CheckpointError", "StorageError", "UnsafeCheckpointError"]
+__all__ = [
+    "CheckpointError",
+    "MissingAlgorithmError",
+    "StorageError",
+    "UnsafeCheckpointError",
+]
 
 
 class CheckpointError(ValueError):
@@ -13,3 +18,8 @@ class UnsafeCheckpointError(CheckpointError):
 
 class StorageError(CheckpointError):
     """The storage could not be reached or refused a request; the checkpoint itself may be fine."""
+
+
+class MissingAlgorithmError(CheckpointError):
+    """The checkpoint was saved by a run with an algorithm that changes the model's structure
+    (``required_on_load``), and the loading run does not have it."""

@@ -14,7 +14,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DCP's own key naming
 
 from trainkit.checkpoint._common import on_rank0, plain_errors, single_process_is_intended
-from trainkit.checkpoint._errors import CheckpointError
+from trainkit.checkpoint._errors import CheckpointError, MissingAlgorithmError
 from trainkit.checkpoint._fetch import fetched, resolve
 from trainkit.checkpoint._manifest import Manifest
 from trainkit.checkpoint._safe import SafeLoadPlanner, SafeReader
@@ -99,6 +99,7 @@ def _load_folder(
     manifest = Manifest.read(folder)
     if manifest.weights_only and not weights_only:
         raise CheckpointError(f"{where} holds model weights only; load it with weights_only=True")
+    _check_required_algorithms(manifest, state, strict, where)
     live = state.state_dict()
     template: dict[str, Any] = {"model": live["model"]} if weights_only else live
     if "rng" in template:
@@ -124,6 +125,29 @@ def _load_folder(
             warnings.simplefilter("ignore")
         state.load_state_dict(full["state"], strict=strict and not ignored)
     return manifest
+
+
+def _check_required_algorithms(
+    manifest: Manifest, state: State, strict: bool, where: Path | str
+) -> None:
+    """Refuse (warn with ``strict=False``) a checkpoint whose run had a structure-changing
+    algorithm that this run lacks: its weights would not fit, or fit silently wrong."""
+    present = {type(a).__qualname__ for a in state.algorithms}
+    missing = [name for name in manifest.required_algorithms if name not in present]
+    if not missing:
+        return
+    names = ", ".join(missing)
+    example = ", ".join(f"{name}()" for name in missing)
+    plural = "s" if len(missing) > 1 else ""
+    message = (
+        f"checkpoint {where} was saved by a run with the algorithm{plural} {names}, which "
+        f"change{'' if plural else 's'} the model's structure (required_on_load), but this run "
+        f"does not have {'them' if plural else 'it'}: add {'them' if plural else 'it'} to the run "
+        f"(e.g. algorithms=[{example}]) to load this checkpoint"
+    )
+    if strict:
+        raise MissingAlgorithmError(f"{message}, or load with strict=False to try anyway")
+    warnings.warn(f"{message}; loading anyway (strict=False)", stacklevel=5)
 
 
 def _drop_ignored(template: dict[str, Any], patterns: Sequence[str]) -> list[str]:

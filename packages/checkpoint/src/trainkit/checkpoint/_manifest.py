@@ -1,7 +1,9 @@
 """The manifest: written last, it is what makes a folder a checkpoint.
 
 It records who wrote the checkpoint and every file in it with its size and sha256, so a
-truncated or corrupted shard is found before anything is loaded from it.
+truncated or corrupted shard is found before anything is loaded from it, and the
+algorithms a run needs to load it (those with ``required_on_load``, which change the
+model's structure).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ __all__ = [
 
 MANIFEST = "trainkit-manifest.json"
 FORMAT = "trainkit-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: required_algorithms
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class Manifest:
     torch_version: str = field(default_factory=lambda: torch.__version__)
     run_name: str = ""
     weights_only: bool = False
+    required_algorithms: list[str] = field(default_factory=list)
+    """Algorithms (class ``__qualname__``) the saving run had whose ``required_on_load`` is
+    set: a run without one of them cannot load the checkpoint."""
     created: float = field(default_factory=time.time)
     format: str = FORMAT
     version: int = VERSION

@@ -29,7 +29,7 @@ from trainkit.checkpoint._storage import (
 )
 from trainkit.core import State, dist
 
-__all__ = ["PendingSave", "save_checkpoint", "save_to"]
+__all__ = ["PendingSave", "required_algorithms", "save_checkpoint", "save_to"]
 
 T = TypeVar("T")
 
@@ -122,6 +122,7 @@ def save_to(
         files={},
         run_name=state.run_name,
         weights_only=weights_only,
+        required_algorithms=required_algorithms(state),
     )
     published = location(storage, name)
     commit = Commit(storage, name, token, staging, manifest)
@@ -158,6 +159,12 @@ def save_to(
         commit.clean_up()
     pending._finish(published)
     return pending
+
+
+def required_algorithms(state: State) -> list[str]:
+    """The run's algorithms a loading run must have too: those with ``required_on_load``
+    (named by class ``__qualname__``, as `State` names them), sorted."""
+    return sorted({type(a).__qualname__ for a in state.algorithms if a.required_on_load})
 
 
 def _on_every_rank(fn: Callable[[], T]) -> list[T]:

@@ -34,7 +34,8 @@ def inspect_checkpoint(
     """What a checkpoint holds, as plain data (JSON-ready).
 
     Keys: ``path``, ``timestamp``, ``world_size``, ``layout``, ``run_name``,
-    ``weights_only``, ``created`` (Unix time), ``trainkit_version``, ``torch_version``,
+    ``weights_only``, ``required_algorithms`` (algorithms a run needs to load it),
+    ``created`` (Unix time), ``trainkit_version``, ``torch_version``,
     ``files`` (name -> size in bytes), ``total_size``, ``keys`` (the top-level entries of
     the saved state), ``model`` (parameter name -> ``{"shape", "dtype"}``), ``model_numel``.
     Reads the manifest and ``.metadata`` only (from a remote storage, only those two are
@@ -57,6 +58,7 @@ def inspect_checkpoint(
         "layout": manifest.layout,
         "run_name": manifest.run_name,
         "weights_only": manifest.weights_only,
+        "required_algorithms": manifest.required_algorithms,
         "created": manifest.created,
         "trainkit_version": manifest.trainkit_version,
         "torch_version": manifest.torch_version,

@@ -1,144 +1,217 @@
-"""The ``trainkit train`` config: a YAML file validated with pydantic.
+"""The ``trainkit train`` config: YAML whose schema is derived from the components' own
+config dataclasses, so a field added to a config is settable here with no other edit.
 
-Components are named by entry point (``name: ema``) or by ``module:factory``; every other
-key of a component is passed to it as a keyword argument.
+Sections (`sections` lists them, from `trainkit.core.TrainerConfig`):
+
+- ``trainer``: every setting field of `TrainerConfig` (``max_duration``, ``precision``,
+  ``seed``, ``run_name``, ...), each checked against its type annotation and then by the
+  dataclass's own validation.
+- one section per slot field of `TrainerConfig`: ``model``, ``optimizers``, ``schedulers``,
+  ``algorithms``, ``callbacks``, ``loggers``, ``parallelism``. Each holds a component (or a
+  list of them) ``{name: <entry point of the slot's group, or module:factory>, **fields}``.
+  A `Configurable` component's fields are those of its config dataclass; a plain factory's
+  are its parameters (an optimizer's first parameter, the model's parameters, is given).
+- ``data``: a ``trainkit.data`` factory; its ``{"train": loader, "eval": loader}`` fill the
+  dataloader slots.
+- ``checkpoint``: the fields of the ``checkpointer`` callback's config, with ``folder``
+  defaulting to ``<run_dir>/checkpoints`` and ``autoresume`` to true (re-running a config
+  resumes it); ``null`` turns checkpointing off.
+
+A metrics file (the ``file`` logger, writing to the run directory) is added to ``loggers``
+when it is installed and not configured.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
+import importlib
+import inspect
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trainkit.core import ensure_time, plugins
+from trainkit.cli._component import OPTIMIZER_GROUP, Component, Slot, build_slot
+from trainkit.cli._overrides import apply_overrides
+from trainkit.cli._schema import (
+    MISSING,
+    ConfigError,
+    Problem,
+    check_dataclass,
+    factory_parameters,
+    field_default,
+    field_types,
+    unknown_field_of_factory,
+    validate_settings,
+)
+from trainkit.core import TrainerConfig, plugins
+from trainkit.core.config import (
+    Configurable,
+    field_docs,
+    settings,
+    slot_group,
+    slots,
+    to_plain,
+)
 
-__all__ = ["ConfigError", "RunConfig", "apply_overrides", "load_config"]
+__all__ = [
+    "Component",
+    "ConfigError",
+    "RunConfig",
+    "Section",
+    "apply_overrides",
+    "load_config",
+    "sections",
+]
 
-
-class ConfigError(ValueError):
-    """The config is not valid; the message lists each problem with its field path."""
-
-
-class Component(BaseModel):
-    """A component by name, with its keyword arguments as the other keys."""
-
-    model_config = ConfigDict(extra="allow")
-    name: str
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-def _installed_in(group: str) -> Any:
-    """A `Component` type whose name must be installed in the entry-point ``group``."""
-
-    def check(component: Component) -> Component:
-        _check_name(group, component.name)
-        return component
-
-    return Annotated[Component, AfterValidator(check)]
-
-
-ModelRef = _installed_in("trainkit.models")
-DataRef = _installed_in("trainkit.data")
-AlgorithmRef = _installed_in("trainkit.algorithms")
-CallbackRef = _installed_in("trainkit.callbacks")
-LoggerRef = _installed_in("trainkit.loggers")
-StrategyRef = _installed_in("trainkit.parallel")
-
-
-class OptimizerConfig(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field("AdamW", description="a torch.optim class name, or module:Class")
-    lr: float = Field(1e-3, gt=0)
+TRAINER = "trainer"
+DATA = "data"
+CHECKPOINT = "checkpoint"
+DATA_GROUP = "trainkit.data"
+LOGGER_GROUP = "trainkit.loggers"
+CHECKPOINTER = ("trainkit.callbacks", "checkpointer")
+FILE_LOGGER = "file"
 
 
-class CheckpointConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    interval: str = "500ba"
-    keep: int = 3
-    autoresume: bool = True
-    async_save: bool = False
-    load_path: str | None = None
-    weights_only: bool = False
+# --- the schema, derived from TrainerConfig --------------------------------------------------
 
 
-class TrainerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_duration: str = "1ep"
-    eval_interval: str = "1ep"
-    precision: str = "fp32"
-    device: str = "auto"
-    device_train_microbatch_size: int | str | None = None
-    seed: int = 42
-    progress_bar: bool = True
-    deterministic: bool = False
+@dataclass(frozen=True)
+class Section:
+    """A section of the config file that fills slot fields of `TrainerConfig`."""
 
-    @field_validator("max_duration", "eval_interval", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> str:
-        ensure_time(value)  # raises ValueError naming the accepted forms
-        return str(value)
-
-
-class RunConfig(BaseModel):
-    """What ``trainkit train`` runs."""
-
-    model_config = ConfigDict(extra="forbid")
-    run_name: str | None = None
-    model: ModelRef = Component(name="tiny_gpt2")
-    data: DataRef = Component(name="stdlib_text")
-    optimizer: OptimizerConfig = OptimizerConfig()
-    schedulers: list[Component] = []
-    algorithms: list[AlgorithmRef] = []
-    callbacks: list[CallbackRef] = []
-    loggers: list[LoggerRef] = []
-    parallelism: StrategyRef | None = None
-    checkpoint: CheckpointConfig | None = CheckpointConfig()
-    trainer: TrainerConfig = TrainerConfig()
+    key: str
+    """The section's name in the file."""
+    group: str
+    """The entry-point group its components are named from."""
+    doc: str
+    """What it is (the slot's docstring)."""
+    many: bool | None
+    """True: a list of components; False: one; None: either."""
+    required: bool
+    """The run cannot be built without it."""
+    fills: tuple[str, ...]
+    """The `TrainerConfig` fields it fills."""
 
 
-def _check_name(group: str, name: str) -> None:
-    if ":" in name:
-        return  # module:factory, imported when the run is built
-    known = plugins.available(group)
-    if name not in known:
-        raise ValueError(
-            f"unknown name {name!r}; installed in {group}: {', '.join(known) or 'none'} (or use 'module:factory')"
-        )
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``["trainer.max_duration=2ep", "algorithms.0.alpha=0.2"]`` applied to a copy of ``raw``."""
-    result = copy.deepcopy(raw)
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(
-                f"--set {item!r} is not key=value; e.g. --set trainer.max_duration=2ep"
+def sections() -> list[Section]:
+    """The component sections, in `TrainerConfig`'s order (``data`` where its first loader is)."""
+    hints, docs = field_types(TrainerConfig), field_docs(TrainerConfig)
+    data_slots = [f.name for f in slots(TrainerConfig) if slot_group(f) == DATA_GROUP]
+    result: list[Section] = []
+    for slot_field in slots(TrainerConfig):
+        group = slot_group(slot_field)
+        if group is None:
+            continue  # filled in Python only
+        if group == DATA_GROUP:
+            if slot_field.name == data_slots[0]:
+                result.append(
+                    Section(
+                        DATA,
+                        DATA_GROUP,
+                        "The data: a factory returning a dict of loaders ("
+                        + f'"{_data_key(data_slots[0])}" is required).\n\n'
+                        + "\n\n".join(f'"{_data_key(n)}" fills {n}: {docs[n]}' for n in data_slots),
+                        many=False,
+                        required=True,
+                        fills=tuple(data_slots),
+                    )
+                )
+            continue
+        result.append(
+            Section(
+                slot_field.name,
+                group,
+                docs[slot_field.name],
+                _cardinality(hints[slot_field.name]),
+                required=field_default(slot_field) is MISSING,
+                fills=(slot_field.name,),
             )
-        node: Any = result
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
-        last = parts[-1]
-        value = yaml.safe_load(text) if text else ""
-        if isinstance(node, list):
-            node[int(last)] = value
-        else:
-            node[last] = value
+        )
     return result
 
 
+def _data_key(slot_name: str) -> str:
+    return slot_name.removesuffix("_dataloader")
+
+
+def _cardinality(annotation: Any) -> bool | None:
+    if annotation is Any:
+        return None
+    members = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
+    for member in members:
+        origin = typing.get_origin(member) or member
+        if isinstance(origin, type) and issubclass(origin, Sequence) and origin is not str:
+            return True
+    return False
+
+
+# --- a validated config --------------------------------------------------------------------
+
+
+@dataclass
+class RunConfig:
+    """What ``trainkit train`` runs: every section validated, defaults filled in."""
+
+    source: Path | None
+    """The config file (None: the embedded default)."""
+    run_dir: Path
+    """Where the run writes."""
+    trainer: dict[str, Any]
+    """Every setting field of `TrainerConfig`, with its value."""
+    components: dict[str, Slot]
+    """Each component section by key (`sections`), in order."""
+    checkpoint: Component | None
+    """The checkpointer, or None (turned off, or trainkit-checkpoint not installed)."""
+    notes: list[str] = field(default_factory=list)
+    """Things the user should know (a section ignored, ...)."""
+
+    def plain(self) -> dict[str, Any]:
+        """The resolved config as plain data (what ``--print-config`` prints)."""
+        result: dict[str, Any] = {}
+        for key, value in self.components.items():
+            if isinstance(value, list):
+                result[key] = [c.plain() for c in value]
+            else:
+                result[key] = value.plain() if value is not None else None
+        result[CHECKPOINT] = (
+            {k: v for k, v in self.checkpoint.plain().items() if k != "name"}
+            if self.checkpoint is not None
+            else None
+        )
+        result[TRAINER] = {k: to_plain(v) for k, v in self.trainer.items()}
+        return result
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML, each field's docstring above it as a comment."""
+        from trainkit.cli._print import config_yaml
+
+        return config_yaml(self)
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
 def load_config(
-    path: Path | None, overrides: list[str] = (), base: dict[str, Any] | None = None
+    path: Path | None,
+    overrides: Sequence[str] = (),
+    base: dict[str, Any] | None = None,
+    run_dir: Path | None = None,
 ) -> RunConfig:
-    """Read, override and validate a config; ``base`` is used when ``path`` is None."""
-    raw: dict[str, Any] = dict(base or {})
+    """Read, override and validate a config; ``base`` is used when ``path`` is None.
+
+    ``run_dir`` defaults to ``runs/<trainer.run_name, or the file's stem, or "default">``.
+    """
+    raw: dict[str, Any] = copy.deepcopy(base or {})
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
@@ -147,31 +220,246 @@ def load_config(
             raise ConfigError(
                 f"{path} must hold a mapping of sections (model, data, trainer, ...), not a {type(raw).__name__}"
             )
-    raw = apply_overrides(_merge(RunConfig().model_dump(exclude_none=True), raw), list(overrides))
+    raw = apply_overrides(raw, list(overrides))
+    return validate(raw, path, run_dir)
+
+
+def validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None) -> RunConfig:
+    """``raw`` checked section by section; every problem is reported at once."""
+    problems: list[Problem] = []
+    component_sections = sections()
+    known = [TRAINER, *(s.key for s in component_sections), CHECKPOINT]
+    for key in raw:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(
+                Problem(str(key), f"unknown section{hint} Sections: {', '.join(known)}")
+            )
+
+    trainer = _trainer_settings(raw.get(TRAINER), problems)
+    name = trainer["run_name"] or (source.stem if source is not None else "default")
+    run_dir = run_dir if run_dir is not None else Path("runs") / name
+    if trainer["run_name"] is None:
+        trainer["run_name"] = run_dir.name
+
+    components: dict[str, Slot] = {}
+    for section in component_sections:
+        components[section.key] = _section(section, raw.get(section.key, MISSING), problems)
+    _add_metrics_file(components, component_sections, run_dir, problems)
+    checkpoint, notes = _checkpoint(raw.get(CHECKPOINT, {}), run_dir, problems)
+    if problems:
+        where = str(source) if source is not None else "the default config"
+        lines = [f"{where} is not valid:", *(f"  {p.path}: {p.message}" for p in problems)]
+        raise ConfigError("\n".join(lines), problems)
+    return RunConfig(source, run_dir, trainer, components, checkpoint, notes)
+
+
+def _trainer_settings(given: Any, problems: list[Problem]) -> dict[str, Any]:
+    defaults = {f.name: field_default(f) for f in settings(TrainerConfig)}
+    if given is None:
+        given = {}
+    if not isinstance(given, Mapping):
+        problems.append(Problem(TRAINER, f"must be a mapping of fields, got {given!r}"))
+        return defaults
+    values, found = validate_settings(
+        TrainerConfig, given, TRAINER, "the trainer", with_slots=False
+    )
+    problems += found
+    if not found:
+        # The dataclass's own checks, with stand-ins for the objects built later.
+        stand_ins = {f.name: None for f in slots(TrainerConfig) if field_default(f) is MISSING}
+        _, found = check_dataclass(TrainerConfig, values, TRAINER, stand_ins, lenient=True)
+        problems += found
+    return {**defaults, **values}
+
+
+def _section(
+    section: Section, value: Any, problems: list[Problem], path: str | None = None
+) -> Slot:
+    path = path or section.key
+    if value is MISSING or value is None:
+        if section.required:
+            problems.append(Problem(path, f"required, not given; {_choices(section.group)}"))
+        return [] if section.many else None
+    if isinstance(value, list):
+        if section.many is False:
+            problems.append(Problem(path, f"takes one component, got a list of {len(value)}"))
+            return None
+        built = [
+            _component(item, f"{path}.{i}", section.group, problems) for i, item in enumerate(value)
+        ]
+        return [c for c in built if c is not None]
+    one = _component(value, path, section.group, problems)
+    if section.many:
+        return [one] if one is not None else []
+    return one
+
+
+def _choices(group: str) -> str:
+    installed = plugins.available(group)
+    return f"name one of the installed {group}: {', '.join(installed) or 'none'} (or use 'module:factory')"
+
+
+def _component(item: Any, path: str, group: str, problems: list[Problem]) -> Component | None:
+    if isinstance(item, str):
+        item = {"name": item}
+    if not isinstance(item, Mapping):
+        problems.append(
+            Problem(path, f"must be {{name: ..., <field>: <value>, ...}}, got {item!r}")
+        )
+        return None
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(Problem(path, f"needs a name; {_choices(group)}"))
+        return None
     try:
-        return RunConfig.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(_format(err, path)) from None
+        target = resolve(group, name)
+    except ConfigError as err:
+        problems.append(Problem(path, str(err)))
+        return None
+    options = {str(k): v for k, v in item.items() if k != "name"}
+    component = Component(path, group, name, target, options)
+    found = _check_options(component)
+    problems += found
+    return None if found else component
 
 
-def _merge(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` over ``defaults``, section by section (a section's keys merge; lists replace)."""
-    merged = dict(defaults)
-    for key, value in given.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict) and "name" not in value:
-            merged[key] = {**merged[key], **value}
-        else:
-            merged[key] = value
-    return merged
+def resolve(group: str, name: str) -> Any:
+    """An entry point of ``group`` by name, or ``module:attribute``."""
+    if ":" in name:
+        module, _, attribute = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"cannot import {name!r}: {err}") from err
+    installed = plugins.available(group)
+    if name not in installed:
+        raise ConfigError(
+            f"unknown name {name!r}; installed in {group}: {', '.join(installed) or 'none'} "
+            "(or use 'module:factory')"
+        )
+    return plugins.load(group, name)
 
 
-def _format(err: ValidationError, path: Path | None) -> str:
-    where = str(path) if path else "the default config"
-    lines = [f"{where} is not valid:"]
-    for problem in err.errors():
-        field = ".".join(str(p) for p in problem["loc"])
-        message = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "extra_forbidden":
-            message = "unknown field"
-        lines.append(f"  {field}: {message} (got {problem['input']!r})")
-    return "\n".join(lines)
+def _check_options(component: Component) -> list[Problem]:
+    """Validate ``component.options`` against its config dataclass, or its signature."""
+    target, path, name = component.target, component.path, component.name
+    if component.configurable:
+        config_class = target.config_class
+        if config_class is None:
+            return [
+                Problem(f"{path}.{key}", f"unknown field (got {value!r}); {name} takes no options")
+                for key, value in component.options.items()
+            ]
+        nested = {
+            f.name: f
+            for f in slots(config_class)
+            if f.name in component.options and slot_group(f) is not None
+        }
+        given = {k: v for k, v in component.options.items() if k not in nested}
+        values, problems = validate_settings(config_class, given, path, name)
+        hints = field_types(config_class)
+        for slot_name, slot_field in nested.items():
+            inner = Section(
+                slot_name,
+                slot_group(slot_field),
+                "",
+                _cardinality(hints[slot_name]),
+                required=False,
+                fills=(slot_name,),
+            )
+            value = component.options[slot_name]
+            component.children[slot_name] = _section(inner, value, problems, f"{path}.{slot_name}")
+        if problems:
+            return problems
+        component.options = values
+        try:
+            built = {k: build_slot(v) for k, v in component.children.items()}
+        except ValueError as err:
+            return [Problem(path, str(err))]
+        component.config, problems = check_dataclass(config_class, values, path, built)
+        return problems
+    skip_first = component.group == OPTIMIZER_GROUP
+    if not callable(target):
+        return [Problem(path, f"{name} is {target!r}, not a class or factory")]
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []  # nothing to check against: the call will tell
+    if any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
+        return []
+    parameters = factory_parameters(target, skip_first)
+    names = {p.name for p in parameters}
+    problems = [
+        Problem(f"{path}.{key}", unknown_field_of_factory(key, value, target, name, skip_first))
+        for key, value in component.options.items()
+        if key not in names
+    ]
+    problems += [
+        Problem(
+            f"{path}.{p.name}", f"required, not given; {name} takes: {', '.join(sorted(names))}"
+        )
+        for p in parameters
+        if p.default is p.empty and p.name not in component.options
+    ]
+    return problems
+
+
+def accepted_fields(target: Any, group: str) -> list[str]:
+    """The field names a config may give ``target``."""
+    if isinstance(target, type) and issubclass(target, Configurable):
+        config_class = target.config_class
+        return [f.name for f in settings(config_class)] if config_class is not None else []
+    return [p.name for p in factory_parameters(target, group == OPTIMIZER_GROUP)]
+
+
+def _add_metrics_file(
+    components: dict[str, Slot],
+    component_sections: list[Section],
+    run_dir: Path,
+    problems: list[Problem],
+) -> None:
+    """The ``file`` logger writing to the run directory, unless the config names it."""
+    section = next((s for s in component_sections if s.group == LOGGER_GROUP and s.many), None)
+    if section is None or FILE_LOGGER not in plugins.available(LOGGER_GROUP):
+        return
+    loggers = components[section.key]
+    if not isinstance(loggers, list) or any(c.name == FILE_LOGGER for c in loggers):
+        return
+    target = plugins.load(LOGGER_GROUP, FILE_LOGGER)
+    item: dict[str, Any] = {"name": FILE_LOGGER}
+    if "folder" in accepted_fields(target, LOGGER_GROUP):
+        item["folder"] = str(run_dir)
+    added = _component(item, f"{section.key}.{len(loggers)}", LOGGER_GROUP, problems)
+    if added is not None:
+        loggers.append(added)
+
+
+def _checkpoint(
+    given: Any, run_dir: Path, problems: list[Problem]
+) -> tuple[Component | None, list[str]]:
+    if given is None:
+        return None, []
+    group, name = CHECKPOINTER
+    if name not in plugins.available(group):
+        return None, ["trainkit-checkpoint is not installed, so this run will not be resumable"]
+    if not isinstance(given, Mapping):
+        problems.append(Problem(CHECKPOINT, f"must be a mapping of fields or null, got {given!r}"))
+        return None, []
+    if "name" in given:
+        problems.append(
+            Problem(
+                f"{CHECKPOINT}.name",
+                "the checkpoint section takes the checkpointer's fields, not a name",
+            )
+        )
+        return None, []
+    accepted = accepted_fields(plugins.load(group, name), group)
+    defaults = {"folder": str(run_dir / "checkpoints"), "autoresume": True}
+    item = {
+        "name": name,
+        **{k: v for k, v in defaults.items() if k in accepted},
+        **given,
+    }
+    return _component(item, CHECKPOINT, group, problems), []

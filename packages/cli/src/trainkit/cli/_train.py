@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from trainkit.cli._build import build_components
+from trainkit.cli._build import build_run
 from trainkit.cli._config import load_config
-from trainkit.cli._env import init_distributed_from_env
-from trainkit.core import Trainer, dist, plugins
+from trainkit.core import Callback, Trainer, dist, plugins
 
 __all__ = ["DEFAULT_CONFIG", "add_parser", "run"]
 
@@ -28,10 +28,10 @@ DEFAULT_CONFIG = """\
 # The embedded default: a byte-level GPT-2 learning to write Python from the standard library.
 model: {name: tiny_gpt2, n_layer: 2, n_head: 4, n_embd: 128, n_positions: 128}
 data: {name: stdlib_text, seq_len: 128, batch_size: 16}
-optimizer: {name: AdamW, lr: 0.002, weight_decay: 0.01}
+optimizers: {name: AdamW, lr: 0.002, weight_decay: 0.01}
 schedulers:
   - {name: cosine_with_warmup, t_warmup: 0.05dur, alpha_f: 0.1}
-checkpoint: {interval: 200ba, keep: 2, autoresume: true}
+checkpoint: {interval: 200ba, keep: 2}
 trainer: {max_duration: 1000ba, eval_interval: 200ba, seed: 42}
 """
 
@@ -65,51 +65,48 @@ def run(args: argparse.Namespace) -> int:
         [f"trainer.max_duration={args.max_duration}"] if args.max_duration else []
     )
     base = yaml.safe_load(DEFAULT_CONFIG) if args.config is None else None
-    config = load_config(args.config, overrides, base=base)
+    config = load_config(args.config, overrides, base=base, run_dir=args.run_dir)
     if args.print_config:
-        print(yaml.safe_dump(config.model_dump(exclude_none=True), sort_keys=False), end="")
+        print(config.to_yaml(), end="")
         return 0
-    init_distributed_from_env(single_process_group=config.parallelism is not None)
-    name = config.run_name or (args.config.stem if args.config else "default")
-    run_dir = args.run_dir or Path("runs") / name
+    if config.trainer["max_duration"] is None:
+        raise ValueError("trainer.max_duration is not set; say how long to train, e.g. 10ep, 500ba")
+    dist.init_distributed(single_process=config.components["parallelism"] is not None)
+    run_dir = config.run_dir
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(
-            yaml.safe_dump(config.model_dump(exclude_none=True), sort_keys=False)
-        )
-    trainer = Trainer(**build_components(config, run_dir))
-    _say_where(trainer, run_dir)
+        (run_dir / "config.yaml").write_text(config.to_yaml())
+    run = build_run(config)
+    trainer = Trainer(run.config)
+    _say_where(trainer, run_dir, run.checkpointer, config.notes)
     first_step = _time_first_step(trainer, started)
     trainer.fit()
     # fit() ends with an evaluation; a run resumed after it finished has none yet.
     results = trainer.last_eval or (trainer.eval() if trainer.state.evaluators else {})
     if dist.get_rank() == 0:
-        _finish(trainer, run_dir, results, config.model.name, first_step)
+        _finish(trainer, run_dir, results, config.components["model"].name, first_step)
     trainer.close()
     return 0
 
 
-def _say_where(trainer: Trainer, run_dir: Path) -> None:
+def _say_where(trainer: Trainer, run_dir: Path, checkpointer: Any, notes: list[str]) -> None:
     if dist.get_rank() != 0:
         return
-    resumed = next(
-        (c.loaded_from for c in trainer.state.callbacks if getattr(c, "loaded_from", None)), None
-    )
-    if resumed is not None:
-        print(f"resuming from {resumed} at batch {trainer.state.timestamp.batch}", flush=True)
-    elif "checkpointer" not in plugins.available("trainkit.callbacks"):
+    if checkpointer is not None and checkpointer.loaded_from is not None:
         print(
-            "note: trainkit-checkpoint is not installed, so this run will not be resumable",
+            f"resuming from {checkpointer.loaded_from} at batch {trainer.state.timestamp.batch}",
             flush=True,
         )
+    for note in notes:
+        print(f"note: {note}", flush=True)
     print(f"run directory: {run_dir}", flush=True)
 
 
 def _time_first_step(trainer: Trainer, started: float) -> list[float]:
     seen: list[float] = []
 
-    class FirstStep:
-        def batch_start(self, state, logger):
+    class FirstStep(Callback):
+        def batch_start(self, state: Any, logger: Any) -> None:
             if not seen:
                 seen.append(time.perf_counter() - started)
 

@@ -3,32 +3,91 @@
 Destinations (group ``trainkit.loggers``): ``progress``, ``console``, ``file``,
 ``in_memory``, ``wandb``, ``tensorboard``, ``mlflow``. Monitors (group
 ``trainkit.callbacks``): ``lr_monitor``, ``optimizer_monitor``, ``nan_monitor``. Command
-(group ``trainkit.commands``): ``plot``. Heavy clients are imported only when their
-destination is created.
+(group ``trainkit.commands``): ``plot``. Each component is configured by its config
+dataclass (``FileLogger(FileLoggerConfig(folder="runs/x"))`` or ``FileLogger(folder=...)``).
+
+The names below are imported on first use (PEP 562), so loading one entry point imports
+its own module only; heavy clients are imported only when their destination is created.
 """
 
-from trainkit.loggers._console import ConsoleLogger
-from trainkit.loggers._file import FileLogger, read_jsonl
-from trainkit.loggers._in_memory import InMemoryLogger
-from trainkit.loggers._lr_monitor import LRMonitor
-from trainkit.loggers._mlflow import MLflowLogger
-from trainkit.loggers._nan_monitor import NaNMonitor
-from trainkit.loggers._optimizer_monitor import OptimizerMonitor, l2_norms
-from trainkit.loggers._progress import ProgressBar
-from trainkit.loggers._tensorboard import TensorBoardLogger
-from trainkit.loggers._wandb import WandBLogger
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainkit.loggers._console import ConsoleLogger, ConsoleLoggerConfig
+    from trainkit.loggers._file import FileLogger, FileLoggerConfig, read_jsonl
+    from trainkit.loggers._in_memory import InMemoryLogger
+    from trainkit.loggers._lr_monitor import LRMonitor, LRMonitorConfig
+    from trainkit.loggers._mlflow import MLflowLogger, MLflowLoggerConfig
+    from trainkit.loggers._nan_monitor import NaNMonitor, NaNMonitorConfig
+    from trainkit.loggers._optimizer_monitor import (
+        OptimizerMonitor,
+        OptimizerMonitorConfig,
+        l2_norms,
+    )
+    from trainkit.loggers._progress import ProgressBar, ProgressBarConfig
+    from trainkit.loggers._tensorboard import TensorBoardLogger, TensorBoardLoggerConfig
+    from trainkit.loggers._wandb import WandBLogger, WandBLoggerConfig
+
+_MODULES = {
+    "ConsoleLogger": "_console",
+    "ConsoleLoggerConfig": "_console",
+    "FileLogger": "_file",
+    "FileLoggerConfig": "_file",
+    "InMemoryLogger": "_in_memory",
+    "LRMonitor": "_lr_monitor",
+    "LRMonitorConfig": "_lr_monitor",
+    "MLflowLogger": "_mlflow",
+    "MLflowLoggerConfig": "_mlflow",
+    "NaNMonitor": "_nan_monitor",
+    "NaNMonitorConfig": "_nan_monitor",
+    "OptimizerMonitor": "_optimizer_monitor",
+    "OptimizerMonitorConfig": "_optimizer_monitor",
+    "ProgressBar": "_progress",
+    "ProgressBarConfig": "_progress",
+    "TensorBoardLogger": "_tensorboard",
+    "TensorBoardLoggerConfig": "_tensorboard",
+    "WandBLogger": "_wandb",
+    "WandBLoggerConfig": "_wandb",
+    "l2_norms": "_optimizer_monitor",
+    "read_jsonl": "_file",
+}
 
 __all__ = [
     "ConsoleLogger",
+    "ConsoleLoggerConfig",
     "FileLogger",
+    "FileLoggerConfig",
     "InMemoryLogger",
     "LRMonitor",
+    "LRMonitorConfig",
     "MLflowLogger",
+    "MLflowLoggerConfig",
     "NaNMonitor",
+    "NaNMonitorConfig",
     "OptimizerMonitor",
+    "OptimizerMonitorConfig",
     "ProgressBar",
+    "ProgressBarConfig",
     "TensorBoardLogger",
+    "TensorBoardLoggerConfig",
     "WandBLogger",
+    "WandBLoggerConfig",
     "l2_norms",
     "read_jsonl",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

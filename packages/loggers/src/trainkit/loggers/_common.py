@@ -1,26 +1,35 @@
-"""Shared by the destinations: buffering logged values until they are written, and paths."""
+"""Shared by the destinations: buffering logged values until they are written, paths,
+flattening nested hyperparameters, and checking intervals."""
 
 from __future__ import annotations
 
 import importlib
 import math
+import os
 import time
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from trainkit.core import Callback, Logger, LoggerDestination, State, dist
+from trainkit.core import Callback, Logger, LoggerDestination, State, Time, dist
+from trainkit.core.interval import interval_trigger
 
 __all__ = [
     "BufferedDestination",
+    "BufferedDestinationConfig",
     "MetricBuffer",
     "Record",
+    "check_flush_interval",
+    "check_interval",
+    "flatten",
     "import_extra",
     "numeric",
+    "path_text",
     "resolve_folder",
     "to_python",
 ]
@@ -38,6 +47,46 @@ def import_extra(module: str, extra: str) -> ModuleType:
             f"{module} is not installed, and this logger needs it; install it with "
             f'pip install "trainkit-loggers[{extra}]"'
         ) from err
+
+
+def check_interval(value: str | int | Time) -> None:
+    """Raise ValueError unless ``value`` is a duration such as ``"100ba"`` or ``"1ep"``."""
+    interval_trigger(value)  # parses it, as the component does when it is built
+
+
+def check_flush_interval(flush_interval: float) -> None:
+    if isinstance(flush_interval, bool) or not (
+        isinstance(flush_interval, int | float) and flush_interval >= 0
+    ):
+        raise ValueError(
+            f"flush_interval {flush_interval!r} is not valid; use seconds >= 0 "
+            "(0 writes at every call)"
+        )
+
+
+def path_text(value: str | os.PathLike[str]) -> str:
+    """A folder or file given as a `Path` kept as its text (plain data, as a config file gives)."""
+    return os.fspath(value)
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts and lists as one level of dotted keys with plain values.
+
+    ``{"algorithms": [{"name": "EMA", "half_life": "1000ba"}]}`` becomes
+    ``{"algorithms.0.name": "EMA", "algorithms.0.half_life": "1000ba"}`` (what
+    TensorBoard's and MLflow's flat parameters need). An empty dict or list stays as it
+    is, so its key is not lost.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, list | tuple) and value:
+            flat.update(flatten({str(i): item for i, item in enumerate(value)}, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
 
 
 def resolve_folder(folder: str | Path, state: State | None) -> Path:
@@ -93,11 +142,7 @@ class MetricBuffer:
     """
 
     def __init__(self, flush_interval: float, max_records: int = 10_000):
-        if not flush_interval >= 0:
-            raise ValueError(
-                f"flush_interval {flush_interval!r} is not valid; use seconds >= 0 "
-                "(0 writes at every call)"
-            )
+        check_flush_interval(flush_interval)
         self.flush_interval = flush_interval
         self.max_records = max_records
         self._records: list[Record] = []
@@ -128,22 +173,39 @@ def numeric(value: Any) -> float | None:
     return float(value)
 
 
-class BufferedDestination(Callback, LoggerDestination):
+@dataclass(kw_only=True)
+class BufferedDestinationConfig:
+    """What every buffered destination (file, wandb, TensorBoard, MLflow) is built with."""
+
+    flush_interval: float = 5.0
+    """Seconds between writes (0: write at every call). Values are also written at the
+    end of `fit` and on `close`."""
+    rank_zero_only: bool = True
+    """Only rank 0 writes (the other ranks do nothing)."""
+
+    def __post_init__(self) -> None:
+        check_flush_interval(self.flush_interval)
+
+
+class BufferedDestination(Callback, LoggerDestination, config=BufferedDestinationConfig):
     """Base of the destinations that write in batches: file, wandb, TensorBoard, MLflow.
 
     Subclasses implement `_start` (open the file or remote run; called at `Event.INIT`, so
     a bad destination fails before training, or at the first write outside a Trainer),
     `_write` (records already converted to Python values), `_write_hyperparameters` and
-    `_finish`. Hyperparameters logged before the start (the Trainer logs them before
-    `Event.INIT`) are kept and written once the run has started. Only rank 0
+    `_finish`. Hyperparameters logged before the start (outside a Trainer, before the
+    first write) are kept and written once the run has started. Only rank 0
     writes unless ``rank_zero_only`` is False. Errors while writing propagate to the
     `Logger`, which reports the first one and keeps training; the flush at the end of
-    `fit` runs as a callback, so it warns instead of raising.
+    `fit` runs as a callback, so it warns instead of raising. A subclass's config extends
+    `BufferedDestinationConfig`.
     """
 
-    def __init__(self, *, flush_interval: float, rank_zero_only: bool):
-        self.rank_zero_only = rank_zero_only
-        self._buffer = MetricBuffer(flush_interval)
+    config: BufferedDestinationConfig
+
+    def __init__(self, config: BufferedDestinationConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._buffer = MetricBuffer(self.config.flush_interval)
         self._state: State | None = None
         self._started = False
         self._warned = False
@@ -164,7 +226,7 @@ class BufferedDestination(Callback, LoggerDestination):
 
     def _enabled(self) -> bool:
         if self._writes is None:  # asked once: the rank does not change
-            self._writes = not self.rank_zero_only or dist.get_rank() == 0
+            self._writes = not self.config.rank_zero_only or dist.get_rank() == 0
         return self._writes
 
     def _ensure_started(self) -> None:
@@ -178,7 +240,7 @@ class BufferedDestination(Callback, LoggerDestination):
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         if not self._enabled():
             return
-        if not self._started:  # no run yet: the Trainer logs these before Event.INIT
+        if not self._started:  # no run yet: written when it starts
             self._pending_hyperparameters.update(hyperparameters)
             return
         self.flush()  # keep the order of what was logged

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 
-from trainkit.core import (
-    Callback,
-    Event,
-    Logger,
-    LoggerDestination,
-    State,
-    Time,
-    dist,
-    interval_trigger,
-)
-from trainkit.loggers._common import to_python
+from trainkit.core import Callback, Event, Logger, LoggerDestination, State, Time, dist
+from trainkit.core.interval import interval_trigger
+from trainkit.loggers._common import check_interval, flatten, to_python
 
-__all__ = ["ConsoleLogger"]
+__all__ = ["ConsoleLogger", "ConsoleLoggerConfig"]
+
+
+@dataclass(kw_only=True)
+class ConsoleLoggerConfig:
+    interval: str | int | Time = "100ba"
+    """How often to print the training metrics: ``"100ba"``, ``"1ep"``, ``"0.1dur"``, ...
+    (and always at the last batch)."""
+    stream: IO[str] | None = None
+    """Where to print (default: standard output). Set from code only."""
+    print_hyperparameters: bool = True
+    """Print the run's configuration once, at the start (nested values as dotted keys)."""
+
+    def __post_init__(self) -> None:
+        check_interval(self.interval)
 
 
 def _is_eval(key: str) -> bool:
@@ -31,34 +38,26 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-class ConsoleLogger(Callback, LoggerDestination):
+class ConsoleLogger(Callback, LoggerDestination, config=ConsoleLoggerConfig):
     """Prints every metric logged since the last line, every ``interval``, on rank 0 only.
 
     Training metrics go out as ``[epoch 0 batch 100/400] loss/train/total: 0.6931 ...`` at
     the interval (and at the last batch); evaluation metrics as one ``[eval at batch N]``
     line after each evaluation. Values are converted to numbers only when printed.
-
-    Args:
-        interval: how often to print: ``"100ba"``, ``"1ep"``, ``"0.1dur"``, ...
-        stream: where to print (default: standard output).
-        print_hyperparameters: print the run's configuration once, at the start.
+    Options: `ConsoleLoggerConfig`.
     """
 
-    def __init__(
-        self,
-        interval: str | int | Time = "100ba",
-        *,
-        stream: IO[str] | None = None,
-        print_hyperparameters: bool = True,
-    ):
-        self._trigger = interval_trigger(interval)
-        self.stream = stream
-        self.print_hyperparameters = print_hyperparameters
+    config: ConsoleLoggerConfig
+
+    def __init__(self, config: ConsoleLoggerConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._trigger = interval_trigger(self.config.interval)
+        self.stream = self.config.stream
         self._pending: dict[str, Any] = {}
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
-        if self.print_hyperparameters and dist.get_rank() == 0:
-            pairs = "  ".join(f"{k}: {v}" for k, v in hyperparameters.items())
+        if self.config.print_hyperparameters and dist.get_rank() == 0:
+            pairs = "  ".join(f"{k}: {v}" for k, v in flatten(hyperparameters).items())
             self._print(f"[hyperparameters] {pairs}")
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:

@@ -5,16 +5,36 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from trainkit.core import State
-from trainkit.loggers._common import BufferedDestination, Record, resolve_folder
+from trainkit.loggers._common import (
+    BufferedDestination,
+    BufferedDestinationConfig,
+    Record,
+    path_text,
+    resolve_folder,
+)
 
-__all__ = ["FileLogger", "read_jsonl"]
+__all__ = ["FileLogger", "FileLoggerConfig", "read_jsonl"]
 
 
-class FileLogger(BufferedDestination):
+@dataclass(kw_only=True)
+class FileLoggerConfig(BufferedDestinationConfig):
+    folder: str | Path = "runs/{run_name}"
+    """The run's folder; ``{run_name}`` and ``{rank}`` are filled in when the run starts
+    (a `Path` is kept as its text)."""
+    filename: str = "metrics.jsonl"
+    """The file's name inside ``folder`` (may also contain ``{rank}``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.folder = path_text(self.folder)
+
+
+class FileLogger(BufferedDestination, config=FileLoggerConfig):
     """Writes ``{folder}/{filename}``: one JSON object per line, appended, readable while training.
 
     Lines are ``{"step": 12, "time": <unix s>, "metrics": {"loss/train/total": 0.69, ...}}``
@@ -23,26 +43,13 @@ class FileLogger(BufferedDestination):
     seconds, at the end of `fit`, and on `close`: no device sync and no file write per
     step. A resumed run appends to the same file. Non-finite values are written as
     ``NaN`` / ``Infinity`` (what Python's json module reads back). Logged tensors must not
-    be changed in place before they are written.
-
-    Args:
-        folder: the run's folder; ``{run_name}`` and ``{rank}`` are filled in at the start.
-        filename: the file's name inside ``folder`` (may also contain ``{rank}``).
-        flush_interval: seconds between writes (0: write at every call).
-        rank_zero_only: only rank 0 writes (the others do nothing).
+    be changed in place before they are written. Options: `FileLoggerConfig`.
     """
 
-    def __init__(
-        self,
-        folder: str | Path = "runs/{run_name}",
-        *,
-        filename: str = "metrics.jsonl",
-        flush_interval: float = 5.0,
-        rank_zero_only: bool = True,
-    ):
-        super().__init__(flush_interval=flush_interval, rank_zero_only=rank_zero_only)
-        self.folder_template = folder
-        self.filename = filename
+    config: FileLoggerConfig
+
+    def __init__(self, config: FileLoggerConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self._file: IO[str] | None = None
         self._path: Path | None = None
 
@@ -51,8 +58,8 @@ class FileLogger(BufferedDestination):
         """The JSON-lines file (final once the run has started)."""
         if self._path is not None:
             return self._path
-        folder = resolve_folder(self.folder_template, self._state)
-        return folder / resolve_folder(self.filename, self._state)
+        folder = resolve_folder(self.config.folder, self._state)
+        return folder / resolve_folder(self.config.filename, self._state)
 
     def _start(self, state: State | None) -> None:
         path = self.path

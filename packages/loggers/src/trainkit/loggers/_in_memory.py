@@ -23,9 +23,11 @@ class InMemoryLogger(LoggerDestination):
         Trainer(..., loggers=[memory]).fit()
         memory.latest["loss/train/total"]        # 0.31
         memory.history("loss/train/total")       # [(1, 0.69), (2, 0.64), ...]
+        memory.hyperparameters["max_duration"]   # as logged: nested dicts and lists kept
     """
 
-    def __init__(self) -> None:
+    def __init__(self, config: None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)  # nothing to configure: its config is None
         self.hyperparameters: dict[str, Any] = {}
         self.images: list[tuple[str, int, Any]] = []
         self.files: list[tuple[str, Path]] = []

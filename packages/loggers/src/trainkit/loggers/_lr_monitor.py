@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from trainkit.core import Callback, Event, Logger, State, Time, interval_trigger
+from trainkit.core import Callback, Event, Logger, State, Time
+from trainkit.core.interval import interval_trigger
+from trainkit.loggers._common import check_interval
 
-__all__ = ["LRMonitor", "optimizer_names"]
+__all__ = ["LRMonitor", "LRMonitorConfig", "optimizer_names"]
+
+
+@dataclass(kw_only=True)
+class LRMonitorConfig:
+    interval: str | int | Time = "1ba"
+    """How often to log: ``"1ba"``, ``"10ba"``, ``"1ep"``, ..."""
+
+    def __post_init__(self) -> None:
+        check_interval(self.interval)
 
 
 def optimizer_names(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]:
@@ -21,18 +34,19 @@ def optimizer_names(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]:
     return names
 
 
-class LRMonitor(Callback):
+class LRMonitor(Callback, config=LRMonitorConfig):
     """Logs ``lr/<Optimizer>/group<i>`` for every parameter group, every ``interval``.
 
     The value is the one the next optimizer step will use (read after the schedulers
     stepped). A learning rate held in a tensor is logged as the tensor: no device sync.
-
-    Args:
-        interval: how often: ``"1ba"`` (default), ``"10ba"``, ``"1ep"``, ...
+    Options: `LRMonitorConfig`.
     """
 
-    def __init__(self, interval: str | int | Time = "1ba"):
-        self._trigger = interval_trigger(interval, at_end=False)
+    config: LRMonitorConfig
+
+    def __init__(self, config: LRMonitorConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._trigger = interval_trigger(self.config.interval, at_end=False)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if self._trigger(state, Event.BATCH_END):

@@ -5,14 +5,21 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainkit.core import State
-from trainkit.loggers._common import BufferedDestination, Record, import_extra, numeric
+from trainkit.loggers._common import (
+    BufferedDestination,
+    BufferedDestinationConfig,
+    Record,
+    flatten,
+    import_extra,
+    numeric,
+)
 
-__all__ = ["MLflowLogger"]
+__all__ = ["MLflowLogger", "MLflowLoggerConfig"]
 
 _MAX_METRICS_PER_CALL = 1000  # MLflow's limits for one log_batch call
 _MAX_PARAMS_PER_CALL = 100
@@ -24,56 +31,60 @@ def _key(name: str) -> str:
     return re.sub(r"[^\w./\- :]", "_", name).lstrip("/")
 
 
-class MLflowLogger(BufferedDestination):
+@dataclass(kw_only=True)
+class MLflowLoggerConfig(BufferedDestinationConfig):
+    tracking_uri: str | None = None
+    """Where runs are stored: a server URL, ``"databricks"``, or a local
+    ``"file:/path/mlruns"`` (MLflow 3 requires ``MLFLOW_ALLOW_FILE_STORE=true`` for file
+    stores). Default: MLflow's (``MLFLOW_TRACKING_URI``)."""
+    experiment_name: str = "trainkit"
+    """The experiment, created when missing."""
+    run_name: str | None = None
+    """The MLflow run's name (default: the trainkit run name)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags set on the run."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.experiment_name:
+            raise ValueError(
+                "experiment_name is empty; name the MLflow experiment, e.g. 'trainkit'"
+            )
+        self.tags = dict(self.tags or {})
+
+
+class MLflowLogger(BufferedDestination, config=MLflowLoggerConfig):
     """Logs to an MLflow run created when the Trainer starts (named after the run).
 
     Uses an explicit ``MlflowClient`` (no global MLflow state is touched). Metrics are
     buffered and sent with ``log_batch`` every ``flush_interval`` seconds; hyperparameters
-    become run parameters (values longer than MLflow's limit are cut); `upload_file`
-    logs an artifact; the run is marked finished on `close`.
-
-    Args:
-        tracking_uri: where runs are stored: a server URL, ``"databricks"``, or a local
-            ``"file:/path/mlruns"`` (MLflow 3 requires ``MLFLOW_ALLOW_FILE_STORE=true`` for
-            file stores). Default: MLflow's (``MLFLOW_TRACKING_URI``).
-        experiment_name: the experiment, created when missing.
-        run_name: the MLflow run's name (default: the trainkit run name).
-        tags: tags set on the run.
-        flush_interval: seconds between sends.
-        rank_zero_only: only rank 0 creates a run.
+    become run parameters, nested values flattened to dotted keys
+    (``algorithms.0.half_life``; values longer than MLflow's limit are cut); `upload_file`
+    logs an artifact; the run is marked finished on `close`. Options: `MLflowLoggerConfig`.
 
     Raises:
         ImportError: MLflow is not installed (``pip install "trainkit-loggers[mlflow]"``).
     """
 
-    def __init__(
-        self,
-        tracking_uri: str | None = None,
-        *,
-        experiment_name: str = "trainkit",
-        run_name: str | None = None,
-        tags: Mapping[str, str] | None = None,
-        flush_interval: float = 5.0,
-        rank_zero_only: bool = True,
-    ):
-        super().__init__(flush_interval=flush_interval, rank_zero_only=rank_zero_only)
+    config: MLflowLoggerConfig
+
+    def __init__(self, config: MLflowLoggerConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         tracking = import_extra("mlflow.tracking", "mlflow")
         self._entities = import_extra("mlflow.entities", "mlflow")
-        self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
-        self.experiment_name = experiment_name
-        self.run_name = run_name
-        self.tags = dict(tags or {})
+        self.client = tracking.MlflowClient(tracking_uri=self.config.tracking_uri)
         self.run_id: str | None = None
 
     def _start(self, state: State | None) -> None:
-        experiment = self.client.get_experiment_by_name(self.experiment_name)
+        config = self.config
+        experiment = self.client.get_experiment_by_name(config.experiment_name)
         experiment_id = (
             experiment.experiment_id
             if experiment is not None
-            else self.client.create_experiment(self.experiment_name)
+            else self.client.create_experiment(config.experiment_name)
         )
-        name = self.run_name or (state.run_name if state is not None else None)
-        run = self.client.create_run(experiment_id, run_name=name, tags=self.tags)
+        name = config.run_name or (state.run_name if state is not None else None)
+        run = self.client.create_run(experiment_id, run_name=name, tags=dict(config.tags))
         self.run_id = run.info.run_id
 
     def _write(self, records: list[Record]) -> None:
@@ -95,7 +106,9 @@ class MLflowLogger(BufferedDestination):
 
     def _write_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         param = self._entities.Param
-        params = [param(_key(k), str(v)[:_MAX_PARAM_LENGTH]) for k, v in hyperparameters.items()]
+        params = [
+            param(_key(k), str(v)[:_MAX_PARAM_LENGTH]) for k, v in flatten(hyperparameters).items()
+        ]
         for start in range(0, len(params), _MAX_PARAMS_PER_CALL):
             chunk = params[start : start + _MAX_PARAMS_PER_CALL]
             self.client.log_batch(self.run_id, params=chunk, synchronous=True)

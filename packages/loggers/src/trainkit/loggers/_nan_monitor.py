@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-from trainkit.core import Callback, Event, Logger, State, Time, interval_trigger
+from trainkit.core import Callback, Event, Logger, State, Time
+from trainkit.core.interval import interval_trigger
+from trainkit.loggers._common import check_interval
 
-__all__ = ["NaNMonitor"]
+__all__ = ["NaNMonitor", "NaNMonitorConfig"]
 
 
-class NaNMonitor(Callback):
+@dataclass(kw_only=True)
+class NaNMonitorConfig:
+    check_interval: str | int | Time = "1ba"
+    """How often to read the check: ``"1ba"`` (waits for the device every batch),
+    ``"20ba"`` (stops up to 19 batches later, without the per-batch wait), ``"1ep"``, ..."""
+
+    def __post_init__(self) -> None:
+        check_interval(self.check_interval)
+
+
+class NaNMonitor(Callback, config=NaNMonitorConfig):
     """Raises `FloatingPointError` when the training loss is NaN or infinite.
 
     Every batch's loss is checked on the device (no sync); the result is read every
@@ -17,16 +32,15 @@ class NaNMonitor(Callback):
     when it is read later: ``the training loss is nan at batch 37 (epoch 2, batch 5 of the
     epoch)``. Batches are counted from 1, as the logged steps are. With the default
     ``"1ba"`` the check waits for the device once per batch; on a GPU, ``"20ba"`` avoids
-    that at the cost of stopping up to 19 batches later.
-
-    Args:
-        check_interval: how often to read the check: ``"1ba"``, ``"20ba"``, ``"1ep"``, ...
+    that at the cost of stopping up to 19 batches later. Options: `NaNMonitorConfig`.
     """
 
+    config: NaNMonitorConfig
     required_events = (Event.AFTER_TRAIN_BATCH,)
 
-    def __init__(self, check_interval: str | int | Time = "1ba"):
-        self._trigger = interval_trigger(check_interval, at_end=False)
+    def __init__(self, config: NaNMonitorConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._trigger = interval_trigger(self.config.check_interval, at_end=False)
         self._first_bad: torch.Tensor | None = None  # global batch number, or -1
         self._value: torch.Tensor | None = None
         self._positions: dict[int, tuple[int, int]] = {}

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from trainkit.core import Callback, Event, Logger, State, Time, interval_trigger
+from trainkit.core import Callback, Event, Logger, State, Time
+from trainkit.core.interval import interval_trigger
+from trainkit.loggers._common import check_interval
 
-__all__ = ["OptimizerMonitor", "l2_norms"]
+__all__ = ["OptimizerMonitor", "OptimizerMonitorConfig", "l2_norms"]
+
+
+@dataclass(kw_only=True)
+class OptimizerMonitorConfig:
+    interval: str | int | Time = "1ba"
+    """How often: ``"1ba"``, ``"10ba"``, ... All ranks measure together (a collective per
+    measurement under FSDP / tensor parallel)."""
+    per_parameter: bool = False
+    """Also log one norm per parameter (``l2_norm/grad/<name>``, ``l2_norm/param/<name>``)."""
+
+    def __post_init__(self) -> None:
+        check_interval(self.interval)
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
@@ -53,25 +68,23 @@ def l2_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return flat[torch.argsort(torch.tensor(order, device=device))]
 
 
-class OptimizerMonitor(Callback):
+class OptimizerMonitor(Callback, config=OptimizerMonitorConfig):
     """Logs the global L2 norms of the gradients and the parameters, every ``interval``.
 
     Keys: ``l2_norm/grad/global`` and ``l2_norm/param/global``; with ``per_parameter``
     also ``l2_norm/grad/<name>`` and ``l2_norm/param/<name>``. Measured at the end of the
-    batch: gradients are unscaled by then when a grad scaler is used, and parameters are
-    the updated ones. Sharded parameters (FSDP2, tensor parallel DTensors) are measured
-    as full tensors (see `l2_norms`); DDP gradients are already averaged. The norms stay
-    on the device until a destination writes them.
-
-    Args:
-        interval: how often: ``"1ba"`` (default), ``"10ba"``, ... All ranks measure
-            together (a collective per measurement under FSDP / TP).
-        per_parameter: also log one norm per parameter.
+    batch: the gradients are true gradients by then (a precision that scales the loss,
+    ``amp_fp16``, has unscaled them in its optimizer step), and the parameters are the
+    updated ones. Sharded parameters (FSDP2, tensor parallel DTensors) are measured as
+    full tensors (see `l2_norms`); DDP gradients are already averaged. The norms stay on
+    the device until a destination writes them. Options: `OptimizerMonitorConfig`.
     """
 
-    def __init__(self, interval: str | int | Time = "1ba", *, per_parameter: bool = False):
-        self._trigger = interval_trigger(interval, at_end=False)
-        self.per_parameter = per_parameter
+    config: OptimizerMonitorConfig
+
+    def __init__(self, config: OptimizerMonitorConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._trigger = interval_trigger(self.config.interval, at_end=False)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if not self._trigger(state, Event.BATCH_END):
@@ -85,7 +98,7 @@ class OptimizerMonitor(Callback):
                 continue
             norms = l2_norms([t for _, t in named])
             metrics[f"l2_norm/{kind}/global"] = torch.linalg.vector_norm(norms)
-            if self.per_parameter:
+            if self.config.per_parameter:
                 for (name, _), norm in zip(named, norms, strict=True):
                     metrics[f"l2_norm/{kind}/{name}"] = norm
         logger.log_metrics(metrics)

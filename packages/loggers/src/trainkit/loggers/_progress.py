@@ -6,36 +6,54 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 
-from trainkit.core import Logger, ProgressLines, State
+from trainkit.core import Logger, State
+from trainkit.core.progress import ProgressLines, ProgressLinesConfig
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "ProgressBarConfig"]
 
 
-class ProgressBar(ProgressLines):
+@dataclass(kw_only=True)
+class ProgressBarConfig(ProgressLinesConfig):
+    """`ProgressLinesConfig` (plain lines every ``interval`` batches when the output is not
+    a terminal; ``stream``), plus the terminal's redraw rate."""
+
+    refresh_per_second: float = 4.0
+    """At most this many redraws a second in a terminal."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.refresh_per_second, bool) or not (
+            isinstance(self.refresh_per_second, int | float) and self.refresh_per_second > 0
+        ):
+            raise ValueError(
+                f"ProgressBar refresh_per_second {self.refresh_per_second!r} is not valid; use "
+                "redraws per second > 0"
+            )
+
+
+class ProgressBar(ProgressLines, config=ProgressBarConfig):
     """Progress of the epoch and of the whole run, on rank 0.
 
     In a terminal the line is redrawn in place (at most ``refresh_per_second`` times a
     second); otherwise it falls back to plain lines every ``interval`` batches, so logs
-    captured to files stay readable.
+    captured to files stay readable. Options: `ProgressBarConfig`.
     """
 
-    def __init__(
-        self,
-        interval: int | None = None,
-        stream: IO[str] | None = None,
-        refresh_per_second: float = 4.0,
-    ):
-        super().__init__(interval=interval, stream=stream)
-        self.refresh_seconds = 1.0 / refresh_per_second
+    config: ProgressBarConfig
+
+    def __init__(self, config: ProgressBarConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.refresh_seconds = 1.0 / self.config.refresh_per_second
         self._last_draw = 0.0
         self._start: tuple[float, float] | None = None
         self._drawn = False
 
     @property
     def _out(self) -> IO[str]:
-        return self.stream or sys.stdout
+        return self.config.stream or sys.stdout
 
     def _is_terminal(self) -> bool:
         return bool(getattr(self._out, "isatty", lambda: False)())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,46 +12,52 @@ import torch
 from trainkit.core import State
 from trainkit.loggers._common import (
     BufferedDestination,
+    BufferedDestinationConfig,
     Record,
+    flatten,
     import_extra,
     numeric,
+    path_text,
     resolve_folder,
 )
 
-__all__ = ["TensorBoardLogger"]
+__all__ = ["TensorBoardLogger", "TensorBoardLoggerConfig"]
 
 
-class TensorBoardLogger(BufferedDestination):
+@dataclass(kw_only=True)
+class TensorBoardLoggerConfig(BufferedDestinationConfig):
+    log_dir: str | Path = "runs/{run_name}/tensorboard"
+    """The event files' folder; ``{run_name}`` and ``{rank}`` are filled in when the run
+    starts (a `Path` is kept as its text)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.log_dir = path_text(self.log_dir)
+
+
+class TensorBoardLogger(BufferedDestination, config=TensorBoardLoggerConfig):
     """Writes event files under ``log_dir`` (``tensorboard --logdir runs`` shows them).
 
     Numeric metrics become scalars at their step; hyperparameters become a text summary
-    (a Markdown table) named ``hyperparameters``; images go through ``add_images``.
-
-    Args:
-        log_dir: the event files' folder; ``{run_name}`` and ``{rank}`` are filled in.
-        flush_interval: seconds between writes to the event file.
-        rank_zero_only: only rank 0 writes.
+    (a Markdown table) named ``hyperparameters``, nested values flattened to dotted keys
+    (``algorithms.0.half_life``); images go through ``add_images``. Options:
+    `TensorBoardLoggerConfig`.
 
     Raises:
         ImportError: tensorboard is not installed
             (``pip install "trainkit-loggers[tensorboard]"``).
     """
 
-    def __init__(
-        self,
-        log_dir: str | Path = "runs/{run_name}/tensorboard",
-        *,
-        flush_interval: float = 5.0,
-        rank_zero_only: bool = True,
-    ):
-        super().__init__(flush_interval=flush_interval, rank_zero_only=rank_zero_only)
+    config: TensorBoardLoggerConfig
+
+    def __init__(self, config: TensorBoardLoggerConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         import_extra("tensorboard", "tensorboard")  # torch's SummaryWriter needs it
-        self.log_dir_template = log_dir
         self.writer: Any = None
 
     @property
     def log_dir(self) -> Path:
-        return resolve_folder(self.log_dir_template, self._state)
+        return resolve_folder(self.config.log_dir, self._state)
 
     def _start(self, state: State | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -71,7 +78,7 @@ class TensorBoardLogger(BufferedDestination):
             self.writer = None
 
     def _write_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
-        rows = "\n".join(f"| {k} | {v} |" for k, v in hyperparameters.items())
+        rows = "\n".join(f"| {k} | {v} |" for k, v in flatten(hyperparameters).items())
         self.writer.add_text("hyperparameters", f"| name | value |\n|---|---|\n{rows}")
 
     def log_images(self, name: str, images: torch.Tensor | Sequence[Any], step: int) -> None:

@@ -3,67 +3,97 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from trainkit.core import State
-from trainkit.loggers._common import BufferedDestination, Record, import_extra
+from trainkit.loggers._common import (
+    BufferedDestination,
+    BufferedDestinationConfig,
+    Record,
+    import_extra,
+    path_text,
+)
 
-__all__ = ["WandBLogger"]
+__all__ = ["WandBLogger", "WandBLoggerConfig"]
+
+_MODES = ("online", "offline", "disabled", "shared")
 
 
-class WandBLogger(BufferedDestination):
+@dataclass(kw_only=True)
+class WandBLoggerConfig(BufferedDestinationConfig):
+    project: str | None = None
+    """The wandb project (default: wandb's, ``WANDB_PROJECT``)."""
+    entity: str | None = None
+    """The wandb user or team that owns the project (default: wandb's)."""
+    group: str | None = None
+    """Groups runs together in the wandb UI (e.g. the ranks or trials of one experiment)."""
+    tags: list[str] = field(default_factory=list)
+    """Tags of the wandb run."""
+    run_name: str | None = None
+    """The wandb run's name (default: the trainkit run name). Passed to ``wandb.init`` as
+    ``name`` (a config's ``name`` is the component's own, in config files and logs)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Extra configuration, merged with (and winning over) the Trainer's hyperparameters."""
+    mode: Literal["online", "offline", "disabled", "shared"] | None = None
+    """``"online"``, ``"offline"``, ``"disabled"`` or ``"shared"`` (default: wandb's,
+    ``WANDB_MODE``)."""
+    dir: str | Path | None = None
+    """Where wandb keeps its local files (default: wandb's, ``WANDB_DIR``)."""
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Anything else for ``wandb.init`` (wins over the fields above)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.tags, str):
+            raise ValueError(
+                f"tags {self.tags!r} is not valid; give a list of tags, e.g. ['baseline']"
+            )
+        self.tags = list(self.tags)
+        self.config = dict(self.config or {})
+        self.init_kwargs = dict(self.init_kwargs or {})
+        if self.mode is not None and self.mode not in _MODES:
+            raise ValueError(
+                f"wandb mode {self.mode!r} is not known; use one of {', '.join(map(repr, _MODES))} "
+                "or None (wandb's default)"
+            )
+        if self.dir is not None:
+            self.dir = path_text(self.dir)
+
+
+class WandBLogger(BufferedDestination, config=WandBLoggerConfig):
     """Logs to a Weights & Biases run, started when the Trainer starts (named after the run).
 
     Metrics are buffered and sent every ``flush_interval`` seconds with their own steps,
-    so the run's charts match the training steps. wandb reads its usual environment
-    (``WANDB_MODE=offline``, ``WANDB_DIR``, ``WANDB_API_KEY``); ``mode`` and ``dir``
-    override it.
-
-    Args:
-        project / entity / group / tags / name: the wandb run's place and name
-            (``name`` defaults to the trainkit run name).
-        config: extra configuration, merged with the Trainer's hyperparameters.
-        mode: ``"online"``, ``"offline"`` or ``"disabled"`` (default: wandb's).
-        dir: where wandb keeps its local files.
-        flush_interval: seconds between sends.
-        rank_zero_only: only rank 0 creates a run.
-        init_kwargs: anything else for ``wandb.init``.
+    so the run's charts match the training steps. Hyperparameters become the run's
+    config, nested as logged (components as ``{"name": ..., **fields}``). wandb reads its
+    usual environment (``WANDB_MODE=offline``, ``WANDB_DIR``, ``WANDB_API_KEY``); ``mode``
+    and ``dir`` override it. Options: `WandBLoggerConfig`.
 
     Raises:
         ImportError: wandb is not installed (``pip install "trainkit-loggers[wandb]"``).
     """
 
-    def __init__(
-        self,
-        project: str | None = None,
-        *,
-        entity: str | None = None,
-        group: str | None = None,
-        tags: Sequence[str] = (),
-        name: str | None = None,
-        config: Mapping[str, Any] | None = None,
-        mode: str | None = None,
-        dir: str | Path | None = None,
-        flush_interval: float = 5.0,
-        rank_zero_only: bool = True,
-        init_kwargs: Mapping[str, Any] | None = None,
-    ):
-        super().__init__(flush_interval=flush_interval, rank_zero_only=rank_zero_only)
+    config: WandBLoggerConfig
+
+    def __init__(self, config: WandBLoggerConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self._wandb = import_extra("wandb", "wandb")
+        config = self.config
         self.init_kwargs: dict[str, Any] = {
-            "project": project,
-            "entity": entity,
-            "group": group,
-            "tags": list(tags) or None,
-            "name": name,
-            "config": dict(config or {}),
-            "mode": mode,
-            "dir": str(dir) if dir is not None else None,
-            **dict(init_kwargs or {}),
+            "project": config.project,
+            "entity": config.entity,
+            "group": config.group,
+            "tags": list(config.tags) or None,
+            "name": config.run_name,
+            "config": dict(config.config),
+            "mode": config.mode,
+            "dir": config.dir,
+            **config.init_kwargs,
         }
         self.run: Any = None
 

@@ -1,4 +1,7 @@
-"""trainkit.parallel: DDP, FSDP2, tensor parallel and their combination on a DeviceMesh."""
+"""trainkit.parallel: DDP, FSDP2, tensor parallel and their combination on a DeviceMesh.
+
+Start the process group first with `trainkit.core.dist.init_distributed`.
+"""
 
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor.parallel import (
@@ -8,9 +11,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from trainkit.parallel._ddp import DDP
-from trainkit.parallel._fsdp import FSDP, mixed_precision_policy
-from trainkit.parallel._launch import init_distributed
+from trainkit.parallel._ddp import DDP, DDPConfig
+from trainkit.parallel._fsdp import FSDP, FSDPConfig, mixed_precision_policy
 from trainkit.parallel._mesh import MESH_DIMS, ParallelDims
 from trainkit.parallel._plans import gpt2_plan, llama_plan
 from trainkit.parallel._styles import (
@@ -22,6 +24,7 @@ from trainkit.parallel._styles import (
 from trainkit.parallel._tensor_parallel import (
     Plan,
     TensorParallel,
+    TensorParallelConfig,
     apply_tensor_parallel,
     expand_plan,
 )
@@ -31,6 +34,8 @@ __all__ = [
     "FSDP",
     "MESH_DIMS",
     "ColwiseParallel",
+    "DDPConfig",
+    "FSDPConfig",
     "FusedColwiseParallel",
     "MixedPrecisionPolicy",
     "ParallelDims",
@@ -42,10 +47,10 @@ __all__ = [
     "SequenceParallel",
     "ShardedAttributes",
     "TensorParallel",
+    "TensorParallelConfig",
     "apply_tensor_parallel",
     "expand_plan",
     "gpt2_plan",
-    "init_distributed",
     "llama_plan",
     "mixed_precision_policy",
 ]

@@ -10,6 +10,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from trainkit.core.precision import MixedPrecision, Precision
+
 __all__ = [
     "ModuleSelector",
     "broadcast_module_states",
@@ -17,7 +19,7 @@ __all__ = [
     "repeated_blocks",
     "require_process_group",
     "select_modules",
-    "sharded_grad_scaler",
+    "sharded_precision",
 ]
 
 ModuleSelector = Sequence[type[nn.Module]] | type[nn.Module] | Callable[[nn.Module], bool]
@@ -29,7 +31,7 @@ def require_process_group(strategy: str) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             f"{strategy} needs a process group, and none is initialised: call "
-            "trainkit.parallel.init_distributed() at the start of the script, before building "
+            "trainkit.core.dist.init_distributed() at the start of the script, before building "
             "the Trainer (launch several ranks with `torchrun` or `trainkit launch`)"
         )
     return dist.get_world_size()
@@ -59,7 +61,7 @@ def check_not_wrapped(model: nn.Module, strategy: str) -> None:
                 f"{strategy} got a model whose parameter {name!r} is already a DTensor "
                 f"(placements {param.placements}): tensor parallelism or sharding was applied "
                 "before the Trainer. Pass the plain module and give the plan to the strategy: "
-                "FSDP(tensor_parallel=TensorParallel(plan, degree))"
+                "FSDP(tensor_parallel=TensorParallel(plan=plan, degree=d))"
             )
 
 
@@ -115,19 +117,40 @@ def broadcast_module_states(model: nn.Module, src: int = 0) -> None:
         dist.broadcast(tensor.data, src=src)
 
 
-def sharded_grad_scaler(scaler: torch.amp.GradScaler, device: torch.device) -> torch.amp.GradScaler:
-    """A `ShardedGradScaler` with ``scaler``'s settings.
+def sharded_precision(precision: Precision) -> Precision:
+    """``precision`` with a `ShardedGradScaler` when it scales the loss, else unchanged.
 
     Each rank sees only its shard's gradients, so whether any is inf or nan must be agreed
-    by all ranks, or some would skip the step and others not.
+    by all ranks, or some would skip the step and others not. The sharded scaler starts
+    with the settings of the scaler it replaces (scale, growth and backoff).
     """
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    if not precision.scales_loss:
+        return precision
+    dtype = precision.autocast_dtype
+    if dtype is None:
+        raise TypeError(
+            f"{precision!r} scales the loss but does not autocast; a parallel strategy that "
+            "shards gradients only knows how to shard MixedPrecision's gradient scaler"
+        )
+    settings = _scaler_settings(precision)
+    device_type = precision.device.type
 
-    return ShardedGradScaler(
-        device=device.type,
-        init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
-        growth_factor=scaler.get_growth_factor(),
-        backoff_factor=scaler.get_backoff_factor(),
-        growth_interval=scaler.get_growth_interval(),
-        enabled=scaler.is_enabled(),
-    )
+    def scaler_factory() -> torch.amp.GradScaler:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=device_type, **settings)
+
+    return MixedPrecision(precision.device, dtype, scaler_factory=scaler_factory)
+
+
+def _scaler_settings(precision: Precision) -> dict[str, Any]:
+    scaler = precision.scaler if isinstance(precision, MixedPrecision) else None
+    if scaler is None:
+        return {}
+    return {
+        "init_scale": scaler.get_scale() if scaler.is_enabled() else 2.0**16,
+        "growth_factor": scaler.get_growth_factor(),
+        "backoff_factor": scaler.get_backoff_factor(),
+        "growth_interval": scaler.get_growth_interval(),
+        "enabled": scaler.is_enabled(),
+    }

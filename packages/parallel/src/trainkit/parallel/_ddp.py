@@ -13,23 +13,18 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves
 
-from trainkit.core import State
+from trainkit.core import ParallelStrategy, State
 from trainkit.parallel._common import check_not_wrapped, require_process_group
 
-__all__ = ["DDP"]
+__all__ = ["DDP", "DDPConfig"]
 
 _SYNC_MODES = ("single_auto", "multi_auto", "forced")
 _FORCED_ATTR = "_trainkit_forced_sync"
 
 
 @dataclass(kw_only=True)
-class DDP:
-    """Distributed data parallel (`torch.nn.parallel.DistributedDataParallel`).
-
-    Each rank trains on its own slice of the data; gradients are averaged in backward, so
-    every rank takes the same optimizer step. Rank 0's weights are copied to every rank
-    when the Trainer is built.
-    """
+class DDPConfig:
+    """The options of `DDP`."""
 
     find_unused_parameters: bool = False
     """Let DDP handle parameters that get no gradient in some steps (costs a graph walk)."""
@@ -52,6 +47,26 @@ class DDP:
                 f"find_unused_parameters must be a bool, got {self.find_unused_parameters!r}"
             )
 
+
+class DDP(ParallelStrategy, config=DDPConfig):
+    """Distributed data parallel (`torch.nn.parallel.DistributedDataParallel`).
+
+    Each rank trains on its own slice of the data; gradients are averaged in backward, so
+    every rank takes the same optimizer step. Rank 0's weights are copied to every rank
+    when the Trainer is built. ``DDP(sync="forced")`` and ``DDP(DDPConfig(sync="forced"))``
+    are the same.
+    """
+
+    config: DDPConfig
+
+    def __init__(self, config: DDPConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Every rank reads its own data."""
+        return dist.get_world_size() if dist.is_initialized() else 1
+
     def prepare(self, state: State) -> None:
         """Wrap ``state.model`` in `DistributedDataParallel` (collective)."""
         require_process_group("DDP")
@@ -65,9 +80,9 @@ class DDP:
         wrapped = DistributedDataParallel(
             state.model,
             device_ids=device_ids,
-            find_unused_parameters=self.find_unused_parameters,
+            find_unused_parameters=self.config.find_unused_parameters,
         )
-        if self.sync == "forced":
+        if self.config.sync == "forced":
             _install_forced_sync(wrapped)
         state.model = wrapped
 
@@ -76,7 +91,7 @@ class DDP:
         forced = getattr(model, _FORCED_ATTR, None)
         if forced is not None:
             return forced.deferred()
-        if self.sync == "multi_auto" or not isinstance(model, DistributedDataParallel):
+        if self.config.sync == "multi_auto" or not isinstance(model, DistributedDataParallel):
             return contextlib.nullcontext()
         return model.no_sync()
 

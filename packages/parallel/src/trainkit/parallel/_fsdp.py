@@ -25,34 +25,28 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from trainkit.core import Precision, State
+from trainkit.core import ParallelStrategy, Precision, State, dist
+from trainkit.core.config import slot
 from trainkit.parallel._common import (
     ModuleSelector,
     broadcast_module_states,
     check_not_wrapped,
     require_process_group,
-    sharded_grad_scaler,
+    sharded_precision,
 )
 from trainkit.parallel._mesh import ParallelDims
 from trainkit.parallel._tensor_parallel import TensorParallel, apply_tensor_parallel
 from trainkit.parallel._wrap import apply_activation_checkpointing, apply_compile, find_blocks
 
-__all__ = ["FSDP", "mixed_precision_policy"]
+__all__ = ["FSDP", "FSDPConfig", "mixed_precision_policy"]
 
 _SHARDING = ("full", "grad_op", "hybrid", "none")
 _MIXED_PRECISION = ("default", "pure", "full")
-_LOW_PRECISION = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
 
 
 @dataclass(kw_only=True)
-class FSDP:
-    """Fully sharded data parallel on FSDP2 (``torch.distributed.fsdp.fully_shard``).
-
-    Each block (see ``wrap``) becomes one group of parameters, gathered just before it runs
-    and freed after; gradients are reduce-scattered so each rank keeps the optimizer state
-    of its shard only. Parameter names do not change, so optimizers built on the model
-    before the Trainer are re-bound to the sharded parameters by name.
-    """
+class FSDPConfig:
+    """The options of `FSDP`."""
 
     sharding: str = "full"
     """``"full"`` (ZeRO-3: parameters resharded after forward), ``"grad_op"`` (ZeRO-2-like:
@@ -80,9 +74,10 @@ class FSDP:
     shard_degree: int | None = None
     """Ranks sharing one copy for ``"hybrid"`` (e.g. GPUs per node); inferred from
     ``replicate_degree``."""
-    tensor_parallel: TensorParallel | None = None
-    """Tensor parallelism inside each data-parallel rank (a 2-D or 3-D mesh)."""
-    compile: bool | Mapping[str, Any] = False
+    tensor_parallel: TensorParallel | None = slot("trainkit.parallel", default=None)
+    """Tensor parallelism inside each data-parallel rank (a 2-D or 3-D mesh): a
+    `TensorParallel` with its plan and degree."""
+    compile: bool | dict[str, Any] = False
     """``torch.compile`` each block (True, or keyword arguments for ``torch.compile``)."""
     sync_module_states: bool = True
     """Copy rank 0's weights to all ranks before sharding (so ranks that initialised the
@@ -109,9 +104,39 @@ class FSDP:
             self.tensor_parallel, TensorParallel
         ):
             raise TypeError(
-                f"tensor_parallel must be a TensorParallel(plan, degree), got "
+                f"tensor_parallel must be a TensorParallel(plan=..., degree=...), got "
                 f"{type(self.tensor_parallel).__name__}"
             )
+        if not isinstance(self.compile, bool | Mapping):
+            raise TypeError(
+                f"FSDP compile must be a bool or a dict of torch.compile arguments, got "
+                f"{self.compile!r}"
+            )
+
+
+class FSDP(ParallelStrategy, config=FSDPConfig):
+    """Fully sharded data parallel on FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+    Each block (see ``wrap``) becomes one group of parameters, gathered just before it runs
+    and freed after; gradients are reduce-scattered so each rank keeps the optimizer state
+    of its shard only. Parameter names do not change, so optimizers built on the model
+    before the Trainer are re-bound to the sharded parameters by name.
+    ``FSDP(sharding="grad_op")`` and ``FSDP(FSDPConfig(sharding="grad_op"))`` are the same.
+    """
+
+    config: FSDPConfig
+
+    def __init__(self, config: FSDPConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._dims: ParallelDims | None = None  # set by prepare
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The ranks that read distinct data: replicate x shard (each tensor-parallel group
+        of ranks reads one slice)."""
+        if self._dims is None:
+            return self.dims(dist.get_world_size()).data_parallel
+        return self._dims.data_parallel
 
     def dims(self, world_size: int) -> ParallelDims:
         """The replicate x shard x tensor degrees this strategy uses on ``world_size`` ranks.
@@ -125,12 +150,12 @@ class FSDP:
                 f"tensor-parallel degree {tensor} does not divide the world size {world_size}"
             )
         data = world_size // tensor
-        replicate, shard = self.replicate_degree, self.shard_degree
-        if self.sharding in ("full", "grad_op"):
-            _expect(replicate, 1, "replicate_degree", self.sharding, "it does not replicate")
-            _expect(shard, data, "shard_degree", self.sharding, "it shards over all ranks")
+        replicate, shard = self.config.replicate_degree, self.config.shard_degree
+        if self.config.sharding in ("full", "grad_op"):
+            _expect(replicate, 1, "replicate_degree", self.config.sharding, "it does not replicate")
+            _expect(shard, data, "shard_degree", self.config.sharding, "it shards over all ranks")
             return ParallelDims(replicate=1, shard=data, tensor=tensor).resolve(world_size)
-        if self.sharding == "none":
+        if self.config.sharding == "none":
             _expect(shard, 1, "shard_degree", "none", "it does not shard")
             _expect(replicate, data, "replicate_degree", "none", "it replicates on all ranks")
             return ParallelDims(replicate=data, shard=1, tensor=tensor).resolve(world_size)
@@ -143,60 +168,71 @@ class FSDP:
         dims = self.dims(world_size)
         mesh = dims.build_mesh(state.device.type, world_size)
         model = state.model
-        if self.sync_module_states:
+        if self.config.sync_module_states:
             broadcast_module_states(model)
-        if self.tensor_parallel is not None:
-            apply_tensor_parallel(model, self.tensor_parallel.plan, mesh["tensor"])
-        blocks = find_blocks(model, self.wrap)
-        apply_activation_checkpointing(model, self.activation_checkpointing, blocks)
-        apply_compile(blocks, model, self.compile)
+        if self.config.tensor_parallel is not None:
+            apply_tensor_parallel(model, self.config.tensor_parallel.config.plan, mesh["tensor"])
+        blocks = find_blocks(model, self.config.wrap)
+        apply_activation_checkpointing(model, self.config.activation_checkpointing, blocks)
+        apply_compile(blocks, model, self.config.compile)
         data_mesh = mesh["shard"] if dims.replicate == 1 else mesh["replicate", "shard"]
         options: dict[str, Any] = {
             "mesh": data_mesh,
-            "mp_policy": mixed_precision_policy(self.mixed_precision, state.precision),
-            "offload_policy": _offload_policy(self.cpu_offload, state.device),
+            "mp_policy": mixed_precision_policy(self.config.mixed_precision, state.precision),
+            "offload_policy": _offload_policy(self.config.cpu_offload, state.device),
         }
         reshard = self._reshard_after_forward()
         for block in blocks:
             fully_shard(block, reshard_after_forward=reshard, **options)
         # None lets FSDP keep the root gathered after forward: backward needs it first.
-        fully_shard(model, reshard_after_forward=self.reshard_after_forward, **options)
-        if state.scaler is not None:
-            state.scaler = sharded_grad_scaler(state.scaler, state.device)
+        fully_shard(model, reshard_after_forward=self.config.reshard_after_forward, **options)
+        self._dims = dims
+
+    def precision_for(self, precision: Precision) -> Precision:
+        """``precision``, with a `ShardedGradScaler` when it scales the loss (fp16): every
+        rank then agrees whether an inf or nan in any shard skips the step."""
+        return sharded_precision(precision)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Accumulate gradients locally, without reduce-scatter or all-reduce."""
         return _no_gradient_sync(model)
+
+    def reset_after_oom(self, model: nn.Module) -> None:
+        """Release what the failed forward or backward left gathered (FSDP2's
+        ``reset_iter_state``, on torch versions that have it)."""
+        if isinstance(model, FSDPModule) and hasattr(model, "reset_iter_state"):
+            model.reset_iter_state()
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The model itself: ``fully_shard`` works in place."""
         return model
 
     def _tensor_degree(self) -> int:
-        if self.tensor_parallel is None:
+        if self.config.tensor_parallel is None:
             return 1
-        if self.tensor_parallel.degree is None:
+        if self.config.tensor_parallel.config.degree is None:
             raise ValueError(
-                "FSDP(tensor_parallel=TensorParallel(plan)) needs the tensor-parallel degree: "
-                "TensorParallel(plan, degree=d), with d dividing the world size"
+                "FSDP(tensor_parallel=TensorParallel(plan=plan)) needs the tensor-parallel "
+                "degree: TensorParallel(plan=plan, degree=d), with d dividing the world size"
             )
-        return self.tensor_parallel.degree
+        return self.config.tensor_parallel.config.degree
 
     def _reshard_after_forward(self) -> bool | int:
-        if self.reshard_after_forward is not None:
-            return self.reshard_after_forward
+        if self.config.reshard_after_forward is not None:
+            return self.config.reshard_after_forward
         # grad_op keeps parameters gathered until backward; with one shard there is
         # nothing to gather again.
-        return self.sharding in ("full", "hybrid")
+        return self.config.sharding in ("full", "hybrid")
 
 
 def mixed_precision_policy(
     setting: str | MixedPrecisionPolicy, precision: Precision
 ) -> MixedPrecisionPolicy:
-    """FSDP2's policy for ``setting`` (see `FSDP.mixed_precision`) under ``precision``."""
+    """FSDP2's policy for ``setting`` (see `FSDPConfig.mixed_precision`) under ``precision``
+    (its ``autocast_dtype`` is the low precision; none means fp32 throughout)."""
     if isinstance(setting, MixedPrecisionPolicy):
         return setting
-    low = _LOW_PRECISION.get(precision)
+    low = precision.autocast_dtype
     if setting == "full" or low is None:
         return MixedPrecisionPolicy()
     if setting == "pure":

@@ -8,22 +8,29 @@ import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel, parallelize_module
 
-from trainkit.core import State
+from trainkit.core import ParallelStrategy, Precision, State
 from trainkit.parallel._common import (
     broadcast_module_states,
     check_not_wrapped,
     require_process_group,
-    sharded_grad_scaler,
+    sharded_precision,
 )
 from trainkit.parallel._mesh import ParallelDims
 from trainkit.parallel._styles import ColwiseParallel, FusedColwiseParallel, RowwiseParallel
 
-__all__ = ["Plan", "TensorParallel", "apply_tensor_parallel", "expand_plan"]
+__all__ = [
+    "Plan",
+    "TensorParallel",
+    "TensorParallelConfig",
+    "apply_tensor_parallel",
+    "expand_plan",
+]
 
 Plan = Mapping[str, ParallelStyle | str]
 """Module-name pattern (fnmatch: ``*`` matches any characters, dots included) -> style."""
@@ -36,23 +43,18 @@ _ALIASES: dict[str, type[ParallelStyle]] = {
 }
 
 
-@dataclass
-class TensorParallel:
-    """Tensor parallelism over every rank (combine with FSDP via ``FSDP(tensor_parallel=...)``).
-
-    Every rank must see the same batches (no `DistributedSampler` across a tensor-parallel
-    group). Ready plans: `gpt2_plan`, `llama_plan`.
-
-    Example::
-
-        TensorParallel({"*mlp.up": "colwise", "*mlp.down": "rowwise"}, degree=2)
-    """
+@dataclass(kw_only=True)
+class TensorParallelConfig:
+    """The options of `TensorParallel`."""
 
     plan: Plan
-    """Module-name pattern -> a `ParallelStyle` or one of ``"colwise"``, ``"rowwise"``,
-    ``"sequence_parallel"``, ``"fused_qkv"``. Every pattern must match a module."""
+    """Module-name pattern (fnmatch: ``*`` matches any characters, dots included) -> a
+    `ParallelStyle` or one of ``"colwise"``, ``"rowwise"``, ``"sequence_parallel"``,
+    ``"fused_qkv"``. Every pattern must match a module. Ready plans: `gpt2_plan`,
+    `llama_plan`."""
     degree: int | None = None
-    """Ranks that share each layer (default: the world size)."""
+    """Ranks that share each layer (default: the world size). Alone, tensor parallelism
+    spans every rank; inside ``FSDP(tensor_parallel=...)`` the degree must be given."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.plan, Mapping) or not self.plan:
@@ -67,25 +69,50 @@ class TensorParallel:
         ):
             raise ValueError(f"TensorParallel degree must be a positive int, got {self.degree!r}")
 
+
+class TensorParallel(ParallelStrategy, config=TensorParallelConfig):
+    """Tensor parallelism over every rank (combine with FSDP via ``FSDP(tensor_parallel=...)``).
+
+    Every rank must see the same batches (no `DistributedSampler` across a tensor-parallel
+    group): the ranks together are one data-parallel replica.
+
+    Example::
+
+        TensorParallel(plan={"*mlp.up": "colwise", "*mlp.down": "rowwise"}, degree=2)
+    """
+
+    config: TensorParallelConfig
+
+    def __init__(self, config: TensorParallelConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """One: every rank of the tensor-parallel group reads the same data."""
+        return 1
+
     def prepare(self, state: State) -> None:
         """Shard ``state.model``'s layers across all ranks (collective)."""
         world_size = require_process_group("TensorParallel")
         check_not_wrapped(state.model, "TensorParallel")
-        degree = self.degree or world_size
+        degree = self.config.degree or world_size
         if degree != world_size:
             raise ValueError(
                 f"TensorParallel(degree={degree}) alone must span the world size {world_size}; "
                 f"to add data parallelism over the other ranks use "
-                f"FSDP(tensor_parallel=TensorParallel(plan, degree={degree}))"
+                f"FSDP(tensor_parallel=TensorParallel(plan=plan, degree={degree}))"
             )
         mesh = ParallelDims(replicate=1, shard=1, tensor=degree).build_mesh(
             state.device.type, world_size
         )
         # Layers outside the plan stay replicated: every rank must start from rank 0's copy.
         broadcast_module_states(state.model)
-        apply_tensor_parallel(state.model, self.plan, mesh["tensor"])
-        if state.scaler is not None:
-            state.scaler = sharded_grad_scaler(state.scaler, state.device)
+        apply_tensor_parallel(state.model, self.config.plan, mesh["tensor"])
+
+    def precision_for(self, precision: Precision) -> Precision:
+        """``precision``, with a `ShardedGradScaler` when it scales the loss (fp16): every
+        rank then agrees whether an inf or nan in its shards skips the step."""
+        return sharded_precision(precision)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Nothing to skip: tensor-parallel communication is part of the computation."""

@@ -2,26 +2,76 @@
 
 Every component is a callback registered under the ``trainkit.callbacks`` entry points:
 ``profiler``, ``speed_monitor``, ``memory_monitor``, ``system_metrics_monitor``,
-``runtime_estimator``.
+``runtime_estimator``. Each is configured by its config dataclass
+(``SpeedMonitor(SpeedMonitorConfig(window_size=50))`` or ``SpeedMonitor(window_size=50)``).
+
+The names below are imported on first use (PEP 562), so loading one entry point imports
+its own module only.
 """
 
-from trainkit.profiler._memory_monitor import MemoryMonitor
-from trainkit.profiler._peak_flops import PEAK_FLOPS, device_peak_flops, peak_flops_for
-from trainkit.profiler._profiler import Profiler
-from trainkit.profiler._runtime_estimator import RuntimeEstimator
-from trainkit.profiler._speed_monitor import SpeedMonitor
-from trainkit.profiler._system_monitor import SystemMetricsMonitor, nvml_metrics
-from trainkit.profiler._trace import merge_chrome_traces
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainkit.profiler._memory_monitor import MemoryMonitor, MemoryMonitorConfig
+    from trainkit.profiler._peak_flops import PEAK_FLOPS, device_peak_flops, peak_flops_for
+    from trainkit.profiler._profiler import Profiler, ProfilerConfig
+    from trainkit.profiler._runtime_estimator import RuntimeEstimator, RuntimeEstimatorConfig
+    from trainkit.profiler._speed_monitor import SpeedMonitor, SpeedMonitorConfig
+    from trainkit.profiler._system_monitor import (
+        SystemMetricsMonitor,
+        SystemMetricsMonitorConfig,
+        nvml_metrics,
+    )
+    from trainkit.profiler._trace import merge_chrome_traces
+
+_MODULES = {
+    "PEAK_FLOPS": "_peak_flops",
+    "MemoryMonitor": "_memory_monitor",
+    "MemoryMonitorConfig": "_memory_monitor",
+    "Profiler": "_profiler",
+    "ProfilerConfig": "_profiler",
+    "RuntimeEstimator": "_runtime_estimator",
+    "RuntimeEstimatorConfig": "_runtime_estimator",
+    "SpeedMonitor": "_speed_monitor",
+    "SpeedMonitorConfig": "_speed_monitor",
+    "SystemMetricsMonitor": "_system_monitor",
+    "SystemMetricsMonitorConfig": "_system_monitor",
+    "device_peak_flops": "_peak_flops",
+    "merge_chrome_traces": "_trace",
+    "nvml_metrics": "_system_monitor",
+    "peak_flops_for": "_peak_flops",
+}
 
 __all__ = [
     "PEAK_FLOPS",
     "MemoryMonitor",
+    "MemoryMonitorConfig",
     "Profiler",
+    "ProfilerConfig",
     "RuntimeEstimator",
+    "RuntimeEstimatorConfig",
     "SpeedMonitor",
+    "SpeedMonitorConfig",
     "SystemMetricsMonitor",
+    "SystemMetricsMonitorConfig",
     "device_peak_flops",
     "merge_chrome_traces",
     "nvml_metrics",
     "peak_flops_for",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

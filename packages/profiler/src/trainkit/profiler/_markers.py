@@ -5,6 +5,12 @@ wraps, on the instances only, each algorithm's ``apply`` and each callback's eve
 methods in a function that opens a ``record_function`` range, and puts a `PhaseMarkers`
 callback first in ``state.callbacks`` to mark the loop's phases. Both are removed when
 the cycle ends, so batches outside the cycles pay nothing for them.
+
+This relies on how the Engine calls components: ``algorithm.apply(...)`` is looked up on
+the instance at every event, and a `Callback`'s handler is its ``run_event``, which looks
+the event method up on the instance (``getattr(self, event.value)``). A duck-typed
+callback's bound method is cached by the Engine until the callback list changes, which
+inserting and removing `PhaseMarkers` does, after installing and removing the wrappers.
 """
 
 from __future__ import annotations
@@ -32,8 +38,16 @@ _CLOSED_BY = {closing: opening for opening, (_, closing) in PHASES.items()}
 
 
 def _overrides(obj: object, event: Event) -> bool:
+    # What the Engine calls at ``event``: a method other than Callback's no-op. Duck-typed
+    # callbacks (no base class) are still accepted by the Engine, so they are looked up too.
     method = getattr(type(obj), event.value, None)
     return callable(method) and method is not getattr(Callback, event.value, None)
+
+
+def _own_run_event(obj: object) -> bool:
+    if isinstance(obj, Callback):
+        return type(obj).run_event is not Callback.run_event
+    return callable(getattr(type(obj), "run_event", None))
 
 
 def _by_event(prefix: str) -> Callable[..., str]:
@@ -76,8 +90,7 @@ class Markers:
             )
         for callback in callbacks:
             label = type(callback).__name__
-            run_event = getattr(type(callback), "run_event", None)
-            if run_event is not None and run_event is not Callback.run_event:
+            if _own_run_event(callback):
                 self._wrap(callback, "run_event", _by_event(f"trainkit/callback/{label}"))
                 continue
             for event in Event:
@@ -112,10 +125,14 @@ class Markers:
         self._open.clear()
 
 
-class PhaseMarkers:
-    """A callback for every event that opens and closes the phase ranges of `Markers`."""
+class PhaseMarkers(Callback):
+    """A callback for every event that opens and closes the phase ranges of `Markers`.
 
-    def __init__(self, markers: Markers):
+    Internal to the `Profiler` (never registered by name), so it has no config.
+    """
+
+    def __init__(self, markers: Markers) -> None:
+        super().__init__()
         self.markers = markers
 
     def run_event(self, event: Event, state: Any, logger: Any) -> None:

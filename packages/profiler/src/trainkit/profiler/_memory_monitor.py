@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import resource
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 import torch
 
-from trainkit.core import Callback, Event, Logger, State, Time, interval_trigger
+from trainkit.core import Callback, Event, Logger, State, Time
+from trainkit.core.interval import interval_trigger
 
-__all__ = ["MemoryMonitor"]
+__all__ = ["MemoryMonitor", "MemoryMonitorConfig"]
 
 _GIB = 2**30
 # CUDA caching allocator statistics worth watching, and the names they are logged under.
@@ -31,21 +33,30 @@ def _peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
-class MemoryMonitor(Callback):
+@dataclass(kw_only=True)
+class MemoryMonitorConfig:
+    interval: str | int | Time = "10ba"
+    """How often to measure: ``"10ba"``, ``"1ba"``, ``"1ep"``, ..."""
+
+    def __post_init__(self) -> None:
+        interval_trigger(self.interval)  # raises ValueError unless it is a duration
+
+
+class MemoryMonitor(Callback, config=MemoryMonitorConfig):
     """Logs memory use at the end of a batch, every ``interval``.
 
     On CUDA, the caching allocator's statistics (``torch.cuda.memory_stats``; host-side
     counters, no device sync): allocated, active and reserved GiB, their peaks since the
     start, allocation retries (a sign of fragmentation) and out-of-memory count. On MPS,
     the allocated and driver GiB. Always, the process's resident set size and its peak
-    (``memory/rss_gib``, ``memory/peak_rss_gib``), via psutil.
-
-    Args:
-        interval: how often: ``"10ba"`` (default), ``"1ba"``, ``"1ep"``, ...
+    (``memory/rss_gib``, ``memory/peak_rss_gib``), via psutil. Options: `MemoryMonitorConfig`.
     """
 
-    def __init__(self, interval: str | int | Time = "10ba"):
-        self._trigger = interval_trigger(interval, at_end=False)
+    config: MemoryMonitorConfig
+
+    def __init__(self, config: MemoryMonitorConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._trigger = interval_trigger(self.config.interval, at_end=False)
         self._process = psutil.Process()
 
     def batch_end(self, state: State, logger: Logger) -> None:

@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from trainkit.core import Precision
+from trainkit.core.precision import PRECISIONS, Precision
 
 __all__ = ["PEAK_FLOPS", "device_peak_flops", "peak_flops_for"]
 
@@ -42,24 +42,41 @@ _NAME_PATTERNS = (
 )
 
 
-def _precision_key(precision: Precision) -> str:
-    if precision == Precision.AMP_BF16:
-        return "bf16"
-    if precision == Precision.AMP_FP16:
-        return "fp16"
+# The table's column for each precision name (fp32 depends on the matmul precision).
+_NAME_KEYS = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
+_DTYPE_KEYS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _fp32_key() -> str:
     return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
+def _precision_key(precision: Precision | str) -> str:
+    if isinstance(precision, Precision):
+        # By what the forward computes in, so a strategy's own precision is keyed alike.
+        dtype = precision.autocast_dtype
+        return _DTYPE_KEYS[dtype] if dtype in _DTYPE_KEYS else _fp32_key()
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"unknown precision {precision!r}; accepted: {', '.join(map(repr, PRECISIONS))} "
+            "or a trainkit.core.precision.Precision object"
+        )
+    return _NAME_KEYS.get(precision, _fp32_key())
+
+
 def peak_flops_for(device_name: str, precision: Precision | str) -> float | None:
-    """Peak FLOP/s of one ``device_name`` GPU at ``precision``, or None when not in the table."""
+    """Peak FLOP/s of one ``device_name`` GPU at ``precision`` (a name such as
+    ``"amp_bf16"``, or the run's `Precision`, keyed by its ``autocast_dtype``), or None
+    when not in the table."""
+    key = _precision_key(precision)
     name = device_name.lower()
-    for pattern, key in _NAME_PATTERNS:
+    for pattern, gpu in _NAME_PATTERNS:
         if re.search(pattern, name):
-            return PEAK_FLOPS[key].get(_precision_key(Precision(precision)))
+            return PEAK_FLOPS[gpu].get(key)
     return None
 
 
-def device_peak_flops(device: torch.device, precision: Precision) -> float | None:
+def device_peak_flops(device: torch.device, precision: Precision | str) -> float | None:
     """Peak FLOP/s of ``device`` (CUDA only; None elsewhere or for an unknown GPU)."""
     if device.type != "cuda":
         return None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +15,57 @@ from trainkit.core import Callback, Event, Logger, State, dist
 from trainkit.profiler._markers import Markers, PhaseMarkers
 from trainkit.profiler._trace import merge_chrome_traces
 
-__all__ = ["Profiler"]
+__all__ = ["Profiler", "ProfilerConfig"]
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+_SCHEDULE = ("skip_first", "wait", "warmup", "active", "repeat")
 
 
-def _check_schedule(**counts: Any) -> None:
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"Profiler {name}={value!r} is not valid; use an int >= 0")
-    if counts["active"] == 0:
-        raise ValueError(
-            "Profiler active=0 records nothing: each cycle must record at least one batch; "
-            "use active >= 1 (e.g. Profiler(wait=1, warmup=1, active=3))"
-        )
+@dataclass(kw_only=True)
+class ProfilerConfig:
+    folder: str | Path = "runs/{run_name}/traces"
+    """Where traces go; ``{run_name}`` and ``{rank}`` are filled in when the run starts
+    (a `Path` is kept as its text)."""
+    skip_first: int = 0
+    """Batches of the run skipped before the first cycle."""
+    wait: int = 0
+    """Batches each cycle waits before warming up."""
+    warmup: int = 1
+    """Batches each cycle profiles without recording (the profiler's start-up cost)."""
+    active: int = 3
+    """Batches each cycle records (at least 1)."""
+    repeat: int = 1
+    """Cycles in all (0: until the end of the run)."""
+    record_shapes: bool = False
+    """Record the input shapes of operators (costs time while recording)."""
+    profile_memory: bool = False
+    """Record tensor allocations and frees (costs time while recording)."""
+    with_stack: bool = False
+    """Record the Python stack of each operator (costs time while recording)."""
+    with_flops: bool = False
+    """Estimate the FLOPs of matrix multiplications and convolutions."""
+    memory_timeline: bool = False
+    """Record the CUDA allocator's history per cycle, for pytorch.org/memory_viz (CUDA only)."""
+    record_markers: bool = True
+    """Mark the loop's phases, each algorithm and each callback with ``record_function``
+    ranges while a cycle runs."""
+    merge_ranks: bool = True
+    """Have rank 0 merge the ranks' traces of each cycle into one timeline."""
+
+    def __post_init__(self) -> None:
+        self.folder = os.fspath(self.folder)
+        for name in _SCHEDULE:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Profiler {name}={value!r} is not valid; use an int >= 0")
+        if self.active == 0:
+            raise ValueError(
+                "Profiler active=0 records nothing: each cycle must record at least one batch; "
+                "use active >= 1 (e.g. Profiler(wait=1, warmup=1, active=3))"
+            )
 
 
-class Profiler(Callback):
+class Profiler(Callback, config=ProfilerConfig):
     """Profiles training batches with `torch.profiler` on a cyclic schedule.
 
     Batches are numbered from 0 over the whole run: the first ``skip_first`` are skipped,
@@ -51,56 +87,29 @@ class Profiler(Callback):
     every algorithm and callback (``trainkit/callback/SpeedMonitor/batch_end``): the
     methods are wrapped on the instances for the cycle's batches only, and restored after.
 
-    Args:
-        folder: where traces go; ``{run_name}`` and ``{rank}`` are filled in.
-        skip_first / wait / warmup / active / repeat: the schedule, in batches.
-        record_shapes / profile_memory / with_stack / with_flops: what torch.profiler
-            records besides timings (each costs time while recording).
-        memory_timeline: record the CUDA allocator's history per cycle (CUDA only).
-        record_markers: add the ``record_function`` ranges described above.
-        merge_ranks: have rank 0 merge the ranks' traces of each cycle.
+    Options: `ProfilerConfig`.
 
     Raises:
         ValueError: a negative count, or ``active=0`` (nothing would be recorded).
     """
 
+    config: ProfilerConfig
     required_events = (Event.INIT, Event.BATCH_START)
 
-    def __init__(
-        self,
-        folder: str | Path = "runs/{run_name}/traces",
-        *,
-        skip_first: int = 0,
-        wait: int = 0,
-        warmup: int = 1,
-        active: int = 3,
-        repeat: int = 1,
-        record_shapes: bool = False,
-        profile_memory: bool = False,
-        with_stack: bool = False,
-        with_flops: bool = False,
-        memory_timeline: bool = False,
-        record_markers: bool = True,
-        merge_ranks: bool = True,
-    ):
-        _check_schedule(
-            skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
-        )
+    def __init__(self, config: ProfilerConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        config = self.config
         with warnings.catch_warnings():  # torch warns when warmup=0, which is a valid choice
             warnings.simplefilter("ignore")
             self.schedule = torch.profiler.schedule(
-                skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
+                **{name: getattr(config, name) for name in _SCHEDULE}
             )
-        self.folder_template = folder
         self.options = {
-            "record_shapes": record_shapes,
-            "profile_memory": profile_memory,
-            "with_stack": with_stack,
-            "with_flops": with_flops,
+            "record_shapes": config.record_shapes,
+            "profile_memory": config.profile_memory,
+            "with_stack": config.with_stack,
+            "with_flops": config.with_flops,
         }
-        self.memory_timeline = memory_timeline
-        self.record_markers = record_markers
-        self.merge_ranks = merge_ranks
         self.traces: list[Path] = []
         """Chrome traces written by this rank."""
         self.merged_traces: list[Path] = []
@@ -119,7 +128,7 @@ class Profiler(Callback):
 
     def init(self, state: State, logger: Logger) -> None:
         self._state = state
-        template = str(self.folder_template)
+        template = str(self.config.folder)
         try:
             folder = Path(template.format(run_name=state.run_name, rank=state.rank))
         except (KeyError, IndexError, ValueError) as err:
@@ -172,10 +181,10 @@ class Profiler(Callback):
         # Start at the run's batch number, so ProfilerStep#N is batch N of the run.
         self._profile.step_num = batch
         self._profile.current_action = self.schedule(batch)
-        if self.memory_timeline and cuda:
+        if self.config.memory_timeline and cuda:
             torch.cuda.memory._record_memory_history(max_entries=1_000_000)
         self._profile.start()
-        if self.record_markers:
+        if self.config.record_markers:
             others = [c for c in [*state.callbacks, *logger.destinations] if c is not self]
             self._markers.install(state.algorithms, others)
             state.callbacks.insert(0, self._phases)  # first: the phase encloses the others
@@ -189,7 +198,7 @@ class Profiler(Callback):
             self._state.callbacks.remove(self._phases)
         profile, self._profile = self._profile, None
         profile.stop()  # saves the cycle's trace if it was recording
-        if self.memory_timeline and torch.cuda.is_available():
+        if self.config.memory_timeline and torch.cuda.is_available():
             torch.cuda.memory._record_memory_history(enabled=None)
 
     def _trace_ready(self, profile: Any) -> None:
@@ -201,10 +210,10 @@ class Profiler(Callback):
         path = self.folder / f"trace-batch{batch}-rank{rank}.json"
         profile.export_chrome_trace(str(path))
         self.traces.append(path)
-        if self.memory_timeline and self._state.device.type == "cuda":
+        if self.config.memory_timeline and self._state.device.type == "cuda":
             snapshot = self.folder / f"memory-batch{batch}-rank{rank}.pickle"
             torch.cuda.memory._dump_snapshot(str(snapshot))
-        if world > 1 and self.merge_ranks:
+        if world > 1 and self.config.merge_ranks:
             dist.barrier()  # every rank reaches this at the same batch: the schedule is shared
             if rank == 0:
                 self._merge(batch, world)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import collections
 import time
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from trainkit.core import Callback, Event, Logger, State
 from trainkit.profiler._peak_flops import device_peak_flops
 
-__all__ = ["SpeedMonitor"]
+__all__ = ["SpeedMonitor", "SpeedMonitorConfig"]
 
 
 class _Point(NamedTuple):
@@ -20,7 +21,29 @@ class _Point(NamedTuple):
     flops: float  # this rank's FLOPs so far
 
 
-class SpeedMonitor(Callback):
+@dataclass(kw_only=True)
+class SpeedMonitorConfig:
+    window_size: int = 100
+    """Batches to average over."""
+    peak_flops: float | None = None
+    """The device's peak FLOP/s, for MFU (default: looked up from the GPU's name and the
+    run's precision in `trainkit.profiler.PEAK_FLOPS`; none on CPU)."""
+    measure_flops: bool = True
+    """Count FLOPs once, on the first batch, when the model has no ``flops_per_batch``."""
+
+    def __post_init__(self) -> None:
+        window = self.window_size
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window_size {self.window_size} is not valid; use 1 or more batches")
+        if self.peak_flops is not None and not (
+            isinstance(self.peak_flops, int | float)
+            and not isinstance(self.peak_flops, bool)
+            and self.peak_flops > 0
+        ):
+            raise ValueError(f"peak_flops {self.peak_flops!r} is not valid; use FLOP/s > 0 or None")
+
+
+class SpeedMonitor(Callback, config=SpeedMonitorConfig):
     """Logs throughput over the last ``window_size`` batches, after every batch.
 
     Keys: ``throughput/batches_per_sec``, ``throughput/samples_per_sec`` (all ranks),
@@ -33,35 +56,22 @@ class SpeedMonitor(Callback):
     queue is bounded), so the rates are the device's.
 
     FLOPs per batch come from the model's ``flops_per_batch(batch)`` when it has one
-    (FLOPs of forward and backward on one rank's batch). Otherwise, with
-    ``measure_flops``, the first training batch is run under
+    (FLOPs of forward and backward on one rank's batch; looked up once per `fit`).
+    Otherwise, with ``measure_flops``, the first training batch is run under
     ``torch.utils.flop_counter.FlopCounterMode`` (once; it slows that batch) and the
     count per sample is reused for later batches (exact for fixed shapes).
 
-    Args:
-        window_size: batches to average over.
-        peak_flops: the device's peak FLOP/s for MFU; default: looked up from the GPU's
-            name and the run's precision (`trainkit.profiler.PEAK_FLOPS`); none on CPU.
-        measure_flops: count FLOPs once when the model has no ``flops_per_batch``.
+    Options: `SpeedMonitorConfig`.
     """
 
+    config: SpeedMonitorConfig
     required_events = (Event.FIT_START,)
 
-    def __init__(
-        self,
-        window_size: int = 100,
-        *,
-        peak_flops: float | None = None,
-        measure_flops: bool = True,
-    ):
-        if window_size < 1:
-            raise ValueError(f"window_size {window_size} is not valid; use 1 or more batches")
-        if peak_flops is not None and not peak_flops > 0:
-            raise ValueError(f"peak_flops {peak_flops!r} is not valid; use FLOP/s > 0 or None")
-        self.window_size = window_size
-        self.peak_flops = peak_flops
-        self.measure_flops = measure_flops
-        self._window: collections.deque[_Point] = collections.deque(maxlen=window_size + 1)
+    def __init__(self, config: SpeedMonitorConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._window: collections.deque[_Point] = collections.deque(
+            maxlen=self.config.window_size + 1
+        )
         self._excluded = 0.0
         self._eval_started: float | None = None
         self._peak: float | None = None
@@ -74,19 +84,19 @@ class SpeedMonitor(Callback):
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._window.clear()  # the time between two fit() calls is not training
-        self._peak = self.peak_flops or device_peak_flops(state.device, state.precision)
-        # Looked up once per fit, not per batch.
+        self._peak = self.config.peak_flops or device_peak_flops(state.device, state.precision)
+        # The model's optional FLOPs count: looked up once per fit, not per batch.
         self._flops_per_batch = getattr(
             state.parallelism.unwrap(state.model), "flops_per_batch", None
         )
         self._world = state.world_size
         # Ranks that share their data (tensor parallel) count their samples once.
-        self._streams = getattr(state.parallelism, "data_parallel_size", None) or self._world
+        self._streams = state.data_parallel_size
         assert state.train_data is not None
         self._samples_in = state.train_data.get_num_samples_in_batch
 
     def before_train_batch(self, state: State, logger: Logger) -> None:
-        if not self.measure_flops or self._flops_per_sample is not None:
+        if not self.config.measure_flops or self._flops_per_sample is not None:
             return
         if self._flops_per_batch is not None:
             return

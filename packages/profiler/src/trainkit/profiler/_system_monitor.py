@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
 
-from trainkit.core import Callback, Event, Logger, State, Time, interval_trigger
+from trainkit.core import Callback, Event, Logger, State, Time
+from trainkit.core.interval import interval_trigger
 
-__all__ = ["SystemMetricsMonitor", "nvml_metrics"]
+__all__ = ["SystemMetricsMonitor", "SystemMetricsMonitorConfig", "nvml_metrics"]
 
 _MIB = 2**20
 
@@ -41,7 +44,21 @@ def _nvml_handle(nvml: Any, device: torch.device) -> Any:
     return nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
 
 
-class SystemMetricsMonitor(Callback):
+@dataclass(kw_only=True)
+class SystemMetricsMonitorConfig:
+    interval: str | int | Time = "10ba"
+    """How often to measure: ``"10ba"``, ``"100ba"``, ``"1ep"``, ..."""
+    disk_path: str | Path = "."
+    """A path on the disk whose use is reported (a `Path` is kept as its text)."""
+    gpu: bool = True
+    """Read GPU figures when the run is on CUDA and NVML is installed."""
+
+    def __post_init__(self) -> None:
+        interval_trigger(self.interval)  # raises ValueError unless it is a duration
+        self.disk_path = os.fspath(self.disk_path)
+
+
+class SystemMetricsMonitor(Callback, config=SystemMetricsMonitorConfig):
     """Logs machine utilisation every ``interval`` (on every rank: each sees its own node).
 
     Keys: ``system/cpu_percent`` (the machine) and ``system/process_cpu_percent`` (this
@@ -51,23 +68,14 @@ class SystemMetricsMonitor(Callback):
     On CUDA with NVML (``pip install "trainkit-profiler[gpu]"``, module ``pynvml``):
     ``system/gpu_percent``, ``system/gpu_memory_busy_percent``,
     ``system/gpu_memory_used_percent``, ``system/gpu_temperature_c``, ``system/gpu_power_w``.
-
-    Args:
-        interval: how often: ``"10ba"`` (default), ``"100ba"``, ``"1ep"``, ...
-        disk_path: a path on the disk to report.
-        gpu: read GPU figures when the run is on CUDA and NVML is installed.
+    Options: `SystemMetricsMonitorConfig`.
     """
 
-    def __init__(
-        self,
-        interval: str | int | Time = "10ba",
-        *,
-        disk_path: str | Path = ".",
-        gpu: bool = True,
-    ):
-        self._trigger = interval_trigger(interval, at_end=False)
-        self.disk_path = Path(disk_path)
-        self.gpu = gpu
+    config: SystemMetricsMonitorConfig
+
+    def __init__(self, config: SystemMetricsMonitorConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._trigger = interval_trigger(self.config.interval, at_end=False)
         self._process = psutil.Process()
         self._nvml: Any = None
         self._handle: Any = None
@@ -77,7 +85,7 @@ class SystemMetricsMonitor(Callback):
         psutil.cpu_percent(None)  # start the averaging periods
         self._process.cpu_percent(None)
         self._disk = (time.monotonic(), psutil.disk_io_counters())
-        if self.gpu and self._handle is None and state.device.type == "cuda":
+        if self.config.gpu and self._handle is None and state.device.type == "cuda":
             self._start_nvml(state.device)
 
     def _start_nvml(self, device: torch.device) -> None:
@@ -107,7 +115,7 @@ class SystemMetricsMonitor(Callback):
             "system/cpu_percent": psutil.cpu_percent(None),
             "system/process_cpu_percent": self._process.cpu_percent(None),
             "system/memory_percent": psutil.virtual_memory().percent,
-            "system/disk_percent": psutil.disk_usage(str(self.disk_path)).percent,
+            "system/disk_percent": psutil.disk_usage(str(self.config.disk_path)).percent,
         }
         now, counters = time.monotonic(), psutil.disk_io_counters()
         if self._disk is not None and counters is not None and self._disk[1] is not None:

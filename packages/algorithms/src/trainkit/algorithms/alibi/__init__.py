@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.algorithms._passes import STANDARD_PASSES
+from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.algorithms.alibi._attention import AlibiAttention, alibi_bias, alibi_slopes
 from trainkit.algorithms.alibi._models import (
@@ -26,6 +26,7 @@ from trainkit.algorithms.alibi._models import (
     find_family,
 )
 from trainkit.core import Event, Logger, State
+from trainkit.core.config import build_config
 
 __all__ = [
     "Alibi",
@@ -55,17 +56,20 @@ class AlibiConfig:
 
 def apply_alibi(
     model: nn.Module,
+    config: AlibiConfig | None = None,
+    /,
     *,
-    max_sequence_length: int = 8192,
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+    **options: Any,
 ) -> dict[str, nn.Module]:
     """Give ``model``'s self-attention ALiBi and drop its position embeddings.
 
-    Returns the replaced modules by name. Raises `ValueError` for a model that is neither
-    GPT-2 nor BERT, a head count that is not a power of two, an attention implementation
-    other than "eager"/"sdpa", or a length whose bias would not fit in memory.
+    Takes an `AlibiConfig` or its fields as keyword arguments. Returns the replaced
+    modules by name. Raises `ValueError` for a model that is neither GPT-2 nor BERT, a
+    head count that is not a power of two, an attention implementation other than
+    "eager"/"sdpa", or a length whose bias would not fit in memory.
     """
-    AlibiConfig(max_sequence_length=max_sequence_length)
+    max_sequence_length = build_config(AlibiConfig, config, options).max_sequence_length
     _require_transformers()
     if any(isinstance(m, AlibiAttention) for m in model.modules()):
         warnings.warn("alibi is already applied to this model; left as it is", stacklevel=2)
@@ -142,23 +146,20 @@ def _position_embedding(embeddings: nn.Module, family: Any) -> nn.Embedding:
     return table
 
 
-class Alibi:
+class Alibi(ComposableAlgorithm, config=AlibiConfig):
     """Applies ALiBi to a GPT-2 or BERT model at INIT (see `AlibiConfig`)."""
 
-    ordering_passes = STANDARD_PASSES
+    config: AlibiConfig
     required_on_load = True
     required_events = (Event.INIT,)
 
-    def __init__(self, *, max_sequence_length: int = 8192):
-        self.config = AlibiConfig(max_sequence_length=max_sequence_length)
+    def __init__(self, config: AlibiConfig | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        replaced = apply_alibi(
-            state.parallelism.unwrap(state.model),
-            max_sequence_length=self.config.max_sequence_length,
-            optimizers=state.optimizers,
-        )
+        model = state.parallelism.unwrap(state.model)
+        replaced = apply_alibi(model, self.config, optimizers=state.optimizers)
         logger.log_hyperparameters({"alibi/num_replaced": len(replaced)})
