@@ -2,10 +2,62 @@
 
 Multi-rank tests fork ranks from this process (see tests/multirank.py): the heavy torch
 modules are imported here, once, before any fork, so each rank starts in ~0.1 s.
+
+CUDA is hidden (``CUDA_VISIBLE_DEVICES=""``) before torch is imported, unless this is a GPU
+run: ``uv run pytest -m gpu``, or ``TRAINKIT_TEST_GPU=1``. A forked child cannot use CUDA,
+and once the parent has run a backward with a GPU visible, autograd's device threads make
+every forked backward fail; hidden, the CPU tests run the same with or without a GPU.
+A GPU run runs only the tests marked ``gpu``; elsewhere they are skipped. docs/testing.md.
 """
 
-import torch
-import torch._dynamo
-import torch.distributed.checkpoint
-import torch.distributed.fsdp
-import torch.distributed.tensor.parallel  # noqa: F401
+import os
+import shlex
+import sys
+
+GPU_ENV = "TRAINKIT_TEST_GPU"
+
+
+def _marker_expression(args: list[str]) -> str | None:
+    """The ``-m`` expression among pytest's arguments (the last one wins, as in pytest)."""
+    expression = None
+    for i, arg in enumerate(args):
+        if arg in ("-m", "--markexpr") and i + 1 < len(args):
+            expression = args[i + 1]
+        elif arg.startswith("--markexpr="):
+            expression = arg.partition("=")[2]
+        elif arg.startswith("-m") and not arg.startswith("--"):
+            expression = arg[2:]
+    return expression
+
+
+_args = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *sys.argv[1:]]
+GPU_RUN = os.environ.get(GPU_ENV) == "1" or (_marker_expression(_args) or "").strip() == "gpu"
+if GPU_RUN:
+    os.environ[GPU_ENV] = "1"  # pytest-xdist workers inherit the decision
+else:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch initialises CUDA; children inherit
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
+import torch.distributed.checkpoint  # noqa: E402
+import torch.distributed.fsdp  # noqa: E402
+import torch.distributed.tensor.parallel  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if GPU_RUN:
+        skip_cpu = pytest.mark.skip(
+            reason="a GPU run (-m gpu / TRAINKIT_TEST_GPU=1) runs only `gpu` tests: CPU tests "
+            "fork, which CUDA forbids; run them in a separate `uv run pytest`"
+        )
+        for item in items:
+            if not item.get_closest_marker("gpu"):
+                item.add_marker(skip_cpu)
+    if gpu_tests and not torch.cuda.is_available():
+        reason = "needs a CUDA device"
+        if not GPU_RUN:
+            reason += " (hidden from CPU runs: run GPU tests with `uv run pytest -m gpu`)"
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skip(reason=reason))

@@ -7,8 +7,17 @@
     results = run_ranks(check, world_size=2)   # [rank0_result, rank1_result]
 
 Rules from shared/TESTING.md that keep forked ranks from hanging: every child calls
-``torch.set_num_threads(1)`` first; a fresh free port per call; a deadline after which
-children are SIGKILLed; the process group is destroyed in a ``finally``.
+``torch.set_num_threads(1)`` first; a deadline after which children are SIGKILLed; the
+process group is destroyed in a ``finally``.
+
+No port is ever guessed: the parent starts a ``TCPStore`` on port 0 (the kernel picks a free
+port and the parent holds it bound) and every rank joins it as a client, the way torchrun's
+agent hosts the store for its workers. Inside a rank, `torchrun_env` describes that store
+as torchrun variables, for tests of code that reads them.
+
+Forking is refused while CUDA is visible or initialised in the parent: a forked child
+cannot use CUDA, and fails in backward once the parent's autograd engine has started its
+device threads. tests/conftest.py hides CUDA from CPU test runs (see docs/testing.md).
 """
 
 from __future__ import annotations
@@ -18,21 +27,58 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+_HOST = "127.0.0.1"
+_store_port: int | None = None  # the parent's store, while run_ranks runs (children inherit it)
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+
+def fork_context() -> Any:
+    """The "fork" multiprocessing context, once the parent is known to be safe to fork.
+
+    Every test helper that forks (ranks, killed and resumed runs) takes its context here.
+    """
+    import torch
+
+    if torch.cuda.is_initialized() or torch.cuda.is_available():
+        raise RuntimeError(
+            "refusing to fork test processes while CUDA is visible to the test process: a "
+            'forked child cannot use CUDA, and its backward fails ("Unable to handle '
+            "autograd's threading in combination with fork-based multiprocessing\") once the "
+            "parent has run one. CPU tests run with CUDA hidden (tests/conftest.py sets "
+            "CUDA_VISIBLE_DEVICES=''); run GPU tests on their own with `uv run pytest -m gpu` "
+            "and keep forking tests out of them (docs/testing.md)"
+        )
+    return mp.get_context("fork")
+
+
+def torchrun_env(rank: int, world_size: int) -> dict[str, str]:
+    """Inside a rank: torchrun's variables for this job, pointing at the parent's store.
+
+    As under torchrun, every rank connects to the store as a client (the agent store:
+    ``TORCHELASTIC_USE_AGENT_STORE``); torch reads that flag, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` from ``os.environ``, so they are set there too (in this child only).
+    """
+    if _store_port is None:
+        raise RuntimeError("torchrun_env() is for code running inside run_ranks()")
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": _HOST,
+        "MASTER_PORT": str(_store_port),
+    }
+    os.environ.update(
+        TORCHELASTIC_USE_AGENT_STORE="True", MASTER_ADDR=_HOST, MASTER_PORT=str(_store_port)
+    )
+    return env
 
 
 def _child(
-    fn: Callable[..., Any], rank: int, world_size: int, port: int, conn: Any, args: tuple
+    fn: Callable[..., Any], rank: int, world_size: int, conn: Any, args: tuple, go: Any
 ) -> None:
     import torch
 
@@ -42,12 +88,15 @@ def _child(
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     status, payload = "ok", None
     try:
+        assert _store_port is not None
+        if not go.wait(60):
+            raise RuntimeError("the parent did not finish starting the ranks within 60 s")
+        timeout = datetime.timedelta(seconds=60)
+        store = dist.TCPStore(_HOST, _store_port, world_size, is_master=False, timeout=timeout)
+        # A prefix of its own: tests may start more groups on the same store (torchrun_env).
+        store = dist.PrefixStore("multirank", store)
         dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=60),
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
         )
         payload = fn(rank, world_size, *args)
     except BaseException:
@@ -71,18 +120,38 @@ def run_ranks(
     fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked ranks; return their results."""
-    ctx = mp.get_context("fork")
-    port = free_port()
+    import torch.distributed as dist
+
+    global _store_port
+    ctx = fork_context()
+    # Port 0: the kernel picks a free port, bound by this process before any rank needs it.
+    store = dist.TCPStore(
+        _HOST,
+        0,
+        world_size,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=60),
+        wait_for_workers=False,
+    )
+    _store_port = store.port
     pipes, procs = [], []
-    for rank in range(world_size):
-        receiver, sender = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_child, args=(fn, rank, world_size, port, sender, args), daemon=True
-        )
-        proc.start()
-        sender.close()
-        pipes.append(receiver)
-        procs.append(proc)
+    # The ranks connect only once all are forked: the store's server thread, busy with a
+    # connection while a fork happens, could hold a lock (malloc's) the child then waits on
+    # forever.
+    go = ctx.Event()
+    try:
+        for rank in range(world_size):
+            receiver, sender = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_child, args=(fn, rank, world_size, sender, args, go), daemon=True
+            )
+            proc.start()
+            sender.close()
+            pipes.append(receiver)
+            procs.append(proc)
+    finally:
+        _store_port = None
+        go.set()
     deadline = time.monotonic() + timeout
     results: list[Any] = [None] * world_size
     errors: list[str] = []
@@ -107,6 +176,7 @@ def run_ranks(
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.join()
+        del store  # the ranks are gone: stop serving
     if errors:
         raise AssertionError("\n\n".join(errors))
     return results

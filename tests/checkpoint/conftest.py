@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import logging
+import socket
 import uuid
 from types import SimpleNamespace
 
 import pytest
 
 import ckpt_runs
-from multirank import free_port
 
 SECRET = "tEsT-sEcReT-kEy-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
 def s3_server():
-    """A moto S3 server on 127.0.0.1 and a free port (``endpoint``), with dummy credentials in
-    the environment (``secret``: the secret key)."""
+    """A moto S3 server on 127.0.0.1 (``endpoint``), with dummy credentials in the
+    environment (``secret``: the secret key). It binds port 0: the kernel picks the port."""
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -25,13 +25,22 @@ def s3_server():
         patch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
         patch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
         patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        port = free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
+        port = server.get_host_and_port()[1]
         try:
             yield SimpleNamespace(endpoint=f"http://127.0.0.1:{port}", secret=SECRET)
         finally:
             server.stop()
+
+
+@pytest.fixture
+def refused_endpoint():
+    """An http endpoint on 127.0.0.1 that refuses connections: its port stays bound by this
+    fixture (so no other process can take it) and is never listened on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @pytest.fixture

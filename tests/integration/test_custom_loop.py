@@ -1,10 +1,11 @@
 """examples/custom_loop.py: killed mid-run, resumed, equals an uninterrupted run bitwise."""
 
 import importlib.util
-import multiprocessing as mp
 from pathlib import Path
 
 import torch
+
+from multirank import fork_context
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "custom_loop.py"
 
@@ -22,7 +23,7 @@ def _run(argv, results):
 
 
 def run_in_child(argv):
-    ctx = mp.get_context("fork")
+    ctx = fork_context()  # refuses while CUDA is visible (docs/testing.md)
     results = ctx.Queue()
     proc = ctx.Process(target=_run, args=(argv, results))
     proc.start()
