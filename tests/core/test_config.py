@@ -191,3 +191,9 @@ def test_every_trainer_field_is_logged_as_a_hyperparameter():
 def test_trainer_settings_are_checked_in_the_config_without_a_model(field, value, message):
     with pytest.raises(ValueError, match=message):
         TrainerConfig(model=None, **{field: value})
+
+
+@pytest.mark.parametrize("field", ["max_duration", "eval_interval"])
+def test_iterations_are_refused_when_the_config_is_built(field):
+    with pytest.raises(ValueError, match="does not count iterations"):
+        TrainerConfig(model=None, **{field: "2iter"})

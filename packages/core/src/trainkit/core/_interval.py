@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trainkit.core._event import Event
-from trainkit.core._time import Time, TimeUnit, ensure_time
+from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 
 if TYPE_CHECKING:
     from trainkit.core._state import State
@@ -34,6 +34,8 @@ def interval_trigger(
     every = ensure_time(interval, "interval")
     if every.value == 0:
         raise ValueError(f"interval {interval!r} is zero; use a positive interval such as '1ep'")
+    if every.unit == TimeUnit.ITERATION:
+        Timestamp().get(every.unit)  # raises: trainkit does not count iterations (says why)
     if every.unit == TimeUnit.EPOCH:
 
         def fire_on_epochs(state: State, event: Event) -> bool:

@@ -20,6 +20,11 @@ class TimeUnit(StrEnum):
     TOKEN = "tok"
     DURATION = "dur"
     SECOND = "sec"
+    #: Composer's unit for a group of epochs (Composer's ``State._iteration_length``). Times
+    #: in iterations parse and do arithmetic, but trainkit does not count iterations: a
+    #: run is one iteration, so ``max_duration``, ``fit(duration=...)`` and intervals in
+    #: ``iter`` are refused (`Timestamp.get` names the units that are counted).
+    ITERATION = "iter"
 
 
 _ACCEPTED: Final = (
@@ -28,22 +33,43 @@ _ACCEPTED: Final = (
     "'1h30m', '45m', '90s'; an int means epochs"
 )
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_UNIT_RE: Final = re.compile(rf"^\s*({_NUMBER})\s*(ep|ba|sp|tok|dur|sec)\s*$")
+_UNIT_RE: Final = re.compile(rf"^\s*({_NUMBER})\s*(ep|ba|sp|tok|dur|sec|iter)\s*$")
 _CLOCK_RE: Final = re.compile(rf"^\s*(?:({_NUMBER})h)?\s*(?:({_NUMBER})m)?\s*(?:({_NUMBER})s)?\s*$")
 _INTEGRAL_UNITS: Final = {
     TimeUnit.EPOCH: "epochs",
     TimeUnit.BATCH: "batches",
     TimeUnit.SAMPLE: "samples",
     TimeUnit.TOKEN: "tokens",
+    TimeUnit.ITERATION: "iterations",
 }
+_COUNTED: Final = "'ep', 'ba', 'sp', 'tok' or wall-clock time ('sec', '1h30m')"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class Time:
     """A non-negative amount of time in one unit, e.g. ``Time(10, TimeUnit.EPOCH)``.
 
-    Epochs, batches, samples and tokens are whole numbers; durations are fractions of
-    ``max_duration``; seconds are wall-clock time.
+    Epochs, batches, samples, tokens and iterations are whole numbers; durations are
+    fractions of ``max_duration``; seconds are wall-clock time.
+
+    Arithmetic and comparison follow Composer's ``Time`` (below, ``Time("5ba")`` is short
+    for ``Time.from_timestring("5ba")``). The other operand may be a
+    `Time`, a time string (``Time("2ep") + "1ep"``) or a bare number, which is taken in
+    this Time's unit (``Time("5ba") < 10`` compares batches; unlike `ensure_time`, where
+    an int alone means epochs, here the Time on the left gives the unit):
+
+    - ``+``, ``-``, ``%`` and ``< <= > >=`` need the same unit; the result keeps it. A
+      negative result is an error (a Time is never negative).
+    - ``time * number`` and ``time / number`` scale the value; counts are truncated to a
+      whole number as Composer does (``Time("5ba") * 0.5 == Time("2ba")``).
+    - ``time * Time(x, "dur")`` scales by a fraction (``Time("10ep") * "0.5dur"`` is 5ep).
+    - ``a / b`` of two Times in one unit is their ratio as a ``Time`` in ``dur``;
+      ``float(a / b)`` gives the number.
+    - Different units cannot be compared or combined: they are related only through a
+      run's progress (batches per epoch, samples per batch). This raises `TypeError`;
+      convert first. ``==`` between different units is False rather than an error,
+      so Times can sit in sets and dicts; the hash is the value's hash, which keeps
+      ``Time("5ba") == 5`` consistent (a Time never hashes like its string).
     """
 
     value: int | float
@@ -84,8 +110,173 @@ class Time:
             return cls(hours * 3600 + minutes * 60 + seconds, TimeUnit.SECOND)
         raise ValueError(f"{text!r} is not a duration; {_ACCEPTED}")
 
+    @classmethod
+    def from_epoch(cls, epoch: int) -> Time:
+        return cls(epoch, TimeUnit.EPOCH)
+
+    @classmethod
+    def from_batch(cls, batch: int) -> Time:
+        return cls(batch, TimeUnit.BATCH)
+
+    @classmethod
+    def from_sample(cls, sample: int) -> Time:
+        return cls(sample, TimeUnit.SAMPLE)
+
+    @classmethod
+    def from_token(cls, token: int) -> Time:
+        return cls(token, TimeUnit.TOKEN)
+
+    @classmethod
+    def from_duration(cls, duration: float) -> Time:
+        return cls(duration, TimeUnit.DURATION)
+
+    @classmethod
+    def from_iteration(cls, iteration: int) -> Time:
+        return cls(iteration, TimeUnit.ITERATION)
+
     def __str__(self) -> str:
         return f"{self.value}{self.unit.value}"
+
+    def to_timestring(self) -> str:
+        """The time string that `from_timestring` parses back, e.g. ``"10ep"``."""
+        return str(self)
+
+    # --- comparison and arithmetic (Composer's semantics; see the class docstring) ----------
+
+    def _other(self, other: object) -> Time | None:
+        # A Time, a time string, or a bare number in this Time's unit; None if none of those.
+        if isinstance(other, Time):
+            return other
+        if isinstance(other, str):
+            return Time.from_timestring(other)
+        if isinstance(other, int | float) and not isinstance(other, bool):
+            return Time(other, self.unit)
+        return None
+
+    def _same_unit(self, other: object, verb: str) -> Time | None:
+        time = self._other(other)
+        if time is not None and time.unit != self.unit:
+            raise TypeError(
+                f"cannot {verb} {self} and {time}: they are in different units "
+                f"({_unit_name(self.unit)} and {_unit_name(time.unit)}); convert one first, "
+                f"e.g. through the run's progress (State.dataloader_len batches per epoch) "
+                f"or a fraction of max_duration, or give both in one unit"
+            )
+        return time
+
+    def _make(self, value: float, what: str) -> Time:
+        if not math.isfinite(value):
+            raise ValueError(f"{what} is not a finite number of {_unit_name(self.unit)}")
+        if value < 0:
+            raise ValueError(
+                f"{what} is negative ({value}{self.unit.value}); a Time is never negative"
+            )
+        if self.unit in _INTEGRAL_UNITS:
+            value = int(value)
+        return Time(value, self.unit)
+
+    def _compared(self, other: object) -> int | float | None:
+        # The value to compare with: a bare number as it is (it may be fractional even
+        # for counts: ``Time("5ba") < 7.5``), otherwise a Time in this unit.
+        if isinstance(other, int | float) and not isinstance(other, bool):
+            return other
+        time = self._same_unit(other, "compare")
+        return None if time is None else time.value
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int | float) and not isinstance(other, bool):
+            return self.value == other
+        try:
+            time = self._other(other)
+        except ValueError:
+            return False
+        if time is None:
+            return NotImplemented
+        return self.unit == time.unit and self.value == time.value
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __lt__(self, other: object) -> bool:
+        value = self._compared(other)
+        return NotImplemented if value is None else self.value < value
+
+    def __le__(self, other: object) -> bool:
+        value = self._compared(other)
+        return NotImplemented if value is None else self.value <= value
+
+    def __gt__(self, other: object) -> bool:
+        value = self._compared(other)
+        return NotImplemented if value is None else self.value > value
+
+    def __ge__(self, other: object) -> bool:
+        value = self._compared(other)
+        return NotImplemented if value is None else self.value >= value
+
+    def __add__(self, other: object) -> Time:
+        time = self._same_unit(other, "add")
+        return NotImplemented if time is None else Time(self.value + time.value, self.unit)
+
+    def __radd__(self, other: object) -> Time:
+        # 0 + Time works, so sum() of Times works.
+        return self.__add__(other)
+
+    def __sub__(self, other: object) -> Time:
+        time = self._same_unit(other, "subtract")
+        if time is None:
+            return NotImplemented
+        return self._make(self.value - time.value, f"{self} - {time}")
+
+    def __rsub__(self, other: object) -> Time:
+        time = self._same_unit(other, "subtract")
+        if time is None:
+            return NotImplemented
+        return self._make(time.value - self.value, f"{time} - {self}")
+
+    def __mod__(self, other: object) -> Time:
+        time = self._same_unit(other, "take the remainder of")
+        return NotImplemented if time is None else Time(self.value % time.value, self.unit)
+
+    def __mul__(self, other: object) -> Time:
+        if isinstance(other, int | float) and not isinstance(other, bool):
+            return self._make(self.value * other, f"{self} * {other}")
+        time = self._other(other)
+        if time is None:
+            return NotImplemented
+        if time.unit == TimeUnit.DURATION:
+            return self._make(self.value * time.value, f"{self} * {time}")
+        if self.unit == TimeUnit.DURATION:
+            return time._make(self.value * time.value, f"{self} * {time}")
+        raise TypeError(
+            f"cannot multiply {self} by {time}: one side must be a number or a fraction in "
+            "'dur' (e.g. Time('10ep') * 0.5 or Time('10ep') * '0.5dur')"
+        )
+
+    def __rmul__(self, other: object) -> Time:
+        return self.__mul__(other)
+
+    def __truediv__(self, other: object) -> Time:
+        if isinstance(other, int | float) and not isinstance(other, bool):
+            return self._make(self.value / other, f"{self} / {other}")
+        time = self._same_unit(other, "divide")
+        if time is None:
+            return NotImplemented
+        return Time(self.value / time.value, TimeUnit.DURATION)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+
+def _unit_name(unit: TimeUnit) -> str:
+    names = {**_INTEGRAL_UNITS, TimeUnit.DURATION: "fraction of max_duration"}
+    return names.get(unit, "seconds")
 
 
 def _number(text: str) -> int | float:
@@ -130,7 +321,11 @@ class Timestamp:
     batch_wct: float = 0.0
 
     def get(self, unit: TimeUnit | str) -> int | float:
-        """The count in ``unit`` (epochs, batches, samples, tokens or seconds)."""
+        """The count in ``unit`` (epochs, batches, samples, tokens or seconds).
+
+        Raises:
+            ValueError: for ``dur`` (see `State.elapsed_fraction`) and ``iter`` (not counted).
+        """
         if unit == TimeUnit.BATCH:
             return self.batch
         if unit == TimeUnit.EPOCH:
@@ -143,6 +338,11 @@ class Timestamp:
             return self.total_wct
         if unit == TimeUnit.DURATION:
             raise ValueError("a Timestamp has no 'dur' count; use State.elapsed_fraction()")
+        if unit == TimeUnit.ITERATION:
+            raise ValueError(
+                "trainkit does not count iterations ('iter', Composer's group of epochs): a "
+                f"run is one iteration; give the time in {_COUNTED}"
+            )
         raise ValueError(f"unknown time unit {unit!r}; use one of {[u.value for u in TimeUnit]}")
 
     def to_next_batch(self, samples: int, tokens: int = 0, duration: float = 0.0) -> Timestamp:
