@@ -130,7 +130,7 @@ def test_overrides_into_missing_null_and_named_sections():
         (
             "schedulers: [{name: cosine_anealing}]",
             r"schedulers\.0: unknown name 'cosine_anealing'; installed in trainkit\.schedulers: "
-            r"constant, cosine, cosine_with_warmup,",
+            r"constant, constant_with_warmup, cosine, cosine_warm_restarts, cosine_with_warmup,",
         ),
         (
             "schedulers: [{name: cosine_with_warmup, warmup: 0.1dur}]",

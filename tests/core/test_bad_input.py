@@ -5,7 +5,17 @@ import torch
 from torch import nn
 
 from toy import blobs, loader, mlp
-from trainkit.core import Algorithm, AlgorithmError, Event, Trainer
+from trainkit.core import (
+    Algorithm,
+    AlgorithmError,
+    Device,
+    Event,
+    Trainer,
+    TrainerConfig,
+    dist,
+    plugins,
+)
+from trainkit.core._precision import check_device, resolve_device
 
 
 def trainer(**kwargs):
@@ -98,10 +108,11 @@ def test_fp16_needs_cuda():
         trainer(precision="amp_fp16", device="cpu")
 
 
-@pytest.mark.parametrize("device", ["gpu", "tpu", "cuda:0:1"])
+@pytest.mark.parametrize("device", ["tpu", "GPU", "cuda:0:1"])
 def test_unknown_device(device):
     with pytest.raises(
-        ValueError, match=rf"unknown device '{device}'; accepted: 'cpu', 'cuda', 'mps', 'auto'"
+        ValueError,
+        match=rf"unknown device '{device}'; accepted: 'cpu', 'cuda', 'mps', 'auto', 'gpu'",
     ):
         trainer(device=device)
 
@@ -110,6 +121,35 @@ def test_cuda_requested_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="no CUDA device is available"):
         trainer(device="cuda")
+
+
+def test_gpu_is_composers_name_for_cuda(monkeypatch):
+    assert check_device("gpu") == Device.CUDA
+    assert TrainerConfig(model=mlp(), device="gpu").device == "gpu"  # accepted when read
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(
+        ValueError, match="device 'gpu' was requested but no CUDA device is available; use 'cpu'"
+    ):
+        resolve_device("gpu")
+    with pytest.raises(ValueError, match="device 'gpu' was requested"):
+        trainer(device="gpu")
+
+
+def test_several_ranks_without_trainkit_parallel_say_what_to_install(monkeypatch):
+    # Two ranks as the Trainer sees them; the error comes before any collective.
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(plugins, "available", lambda group: [])
+    monkeypatch.setattr(plugins, "load", _no_plugin)
+    with pytest.raises(ImportError) as info:
+        trainer()
+    message = str(info.value)
+    assert "2 ranks and no parallelism= was given" in message
+    assert "`pip install trainkit-parallel`" in message
+    assert "parallelism=SingleProcess()" in message
+
+
+def _no_plugin(group, name):
+    raise AssertionError(f"{group}:{name} must not be loaded when it is not available")
 
 
 def test_not_an_algorithm():

@@ -2,6 +2,7 @@
 points, and the Trainer."""
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -31,7 +32,13 @@ from trainkit.core import (
     schedulers,
 )
 from trainkit.core.config import Configurable, field_docs, to_plain
-from trainkit.core.schedulers import as_fraction
+from trainkit.core.schedulers import (
+    ConstantWithWarmupScheduler,
+    CosineAnnealingWarmRestartsScheduler,
+    MultiStepWithWarmupScheduler,
+    PolynomialWithWarmupScheduler,
+    as_fraction,
+)
 
 
 @dataclass
@@ -163,6 +170,10 @@ def test_every_schedule_satisfies_the_protocol():
         CosineAnnealingScheduler(),
         LinearWithWarmupScheduler(t_warmup="0.1dur"),
         CosineAnnealingWithWarmupScheduler(t_warmup="0.1dur"),
+        ConstantWithWarmupScheduler(t_warmup="0.1dur"),
+        MultiStepWithWarmupScheduler(t_warmup="0.1dur", milestones=["0.5dur"]),
+        PolynomialWithWarmupScheduler(t_warmup="0.1dur"),
+        CosineAnnealingWarmRestartsScheduler(t_0="0.25dur"),
     ]
     for schedule in schedules:
         assert isinstance(schedule, Scheduler)
@@ -201,8 +212,12 @@ def test_unconvertible_units_raise_a_clear_error(time, max_duration, dataloader_
     unit = ensure_time(max_duration).unit.value
     with pytest.raises(ValueError, match=rf"cannot be converted.*'0\.1dur'.*{unit}"):
         as_fraction(time, state)
+
+
+@pytest.mark.parametrize(("time", "max_duration"), [("1ep", "40ba"), ("5ba", "2ep")])
+def test_schedules_without_the_data_length_cannot_mix_epochs_and_batches(time, max_duration):
     with pytest.raises(ValueError, match="cannot be converted"):
-        StepScheduler(step_size=time)(FakeState(ensure_time(max_duration), 0.5, dataloader_len))
+        StepScheduler(step_size=time)(FakeState(ensure_time(max_duration), 0.5, None))
 
 
 def test_time_without_max_duration_raises():
@@ -264,11 +279,15 @@ ENTRY_POINTS = {
     "exponential": "ExponentialScheduler",
     "polynomial": "PolynomialScheduler",
     "step": "StepScheduler",
+    "constant_with_warmup": "ConstantWithWarmupScheduler",
+    "multistep_with_warmup": "MultiStepWithWarmupScheduler",
+    "polynomial_with_warmup": "PolynomialWithWarmupScheduler",
+    "cosine_warm_restarts": "CosineAnnealingWarmRestartsScheduler",
 }
 
 
 def test_every_schedule_is_a_configurable_with_a_documented_config():
-    assert len(SCHEDULE_CLASSES) == 9
+    assert len(SCHEDULE_CLASSES) == 13
     for cls in SCHEDULE_CLASSES:
         assert issubclass(cls, Configurable)
         assert cls.config_class is getattr(schedulers, f"{cls.__name__}Config")
@@ -289,6 +308,7 @@ def test_config_and_keywords_build_the_same_schedule():
         "t_warmup": "0.2dur",
         "alpha_f": 0.5,
         "t_max": "1dur",
+        "scale_warmup": False,
     }
 
 
@@ -330,7 +350,8 @@ def test_torch_optimizers_are_registered_as_entry_points():
     assert {"AdamW", "SGD", "Adam"} <= set(names)
     for name in names:
         cls = plugins.load("trainkit.optimizers", name)
-        assert cls is getattr(torch.optim, name)
+        # torch's own by their torch name; trainkit's (DecoupledAdamW, ...) are its own classes
+        assert cls is getattr(torch.optim, name, cls)
         assert issubclass(cls, torch.optim.Optimizer)
 
 
@@ -345,9 +366,9 @@ class LearningRates(Callback):
         self.lrs.append(state.optimizers[0].param_groups[0]["lr"])
 
 
-def train_and_record_lrs(max_duration, make_scheduler, batches_per_epoch=4):
+def train_and_record_lrs(max_duration, make_scheduler, batches_per_epoch=4, lr=2.0, **options):
     model = mlp(dropout=0.0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=2.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     recorder = LearningRates()
     trainer = Trainer(
         model=model,
@@ -359,6 +380,7 @@ def train_and_record_lrs(max_duration, make_scheduler, batches_per_epoch=4):
         progress_bar=False,
         device="cpu",
         seed=0,
+        **options,
     )
     trainer.fit()
     return recorder.lrs, optimizer
@@ -374,9 +396,11 @@ def test_trainer_converts_epoch_warmup_with_the_data_length():
     assert lrs == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0, 1.5, 1.0, 0.5])
 
 
-def test_trainer_steps_a_torch_scheduler_every_batch():
+def test_trainer_steps_a_torch_scheduler_every_batch_when_asked():
     lrs, optimizer = train_and_record_lrs(
-        "5ba", lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1)
+        "5ba",
+        lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1),
+        step_schedulers_every_batch=True,
     )
     assert lrs == pytest.approx([2.0, 2.0, 0.2, 0.2, 0.02])
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.02)
@@ -407,3 +431,198 @@ def test_schedule_with_max_duration_given_to_fit():
     assert lrs == pytest.approx([1.0, 0.75, 0.5, 0.25])
     trainer.fit(duration="4ba")  # max_duration is now 8ba: the schedule is re-read at 4/8
     assert lrs[4:] == pytest.approx([0.5, 0.375, 0.25, 0.125])
+
+
+# --- when schedulers are stepped (Composer's step_schedulers_every_batch) -----------------------
+
+
+def step_lr(opt):
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+
+def test_a_torch_scheduler_is_stepped_once_per_epoch_by_default():
+    lrs, optimizer = train_and_record_lrs("2ep", step_lr, lr=0.1)
+    assert lrs == pytest.approx([0.1 * 0.5 ** (batch // 4) for batch in range(8)])
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def test_step_schedulers_every_batch_steps_a_torch_scheduler_after_each_batch():
+    lrs, optimizer = train_and_record_lrs("2ep", step_lr, lr=0.1, step_schedulers_every_batch=True)
+    assert lrs == pytest.approx([0.1 * 0.5**batch for batch in range(8)])
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**8)
+
+
+def test_step_schedulers_every_batch_false_steps_trainkit_schedules_per_epoch():
+    lrs, _ = train_and_record_lrs(
+        "2ep", lambda _: LinearScheduler(), step_schedulers_every_batch=False
+    )
+    # re-read only at epoch ends: 1.0 for the first epoch, 0.5 (4 of 8 batches) for the second
+    assert lrs == pytest.approx([2.0 * (1 - (batch // 4) * 4 / 8) for batch in range(8)])
+
+
+def test_a_torch_scheduler_among_the_schedulers_makes_all_step_per_epoch():
+    lrs, _ = train_and_record_lrs(
+        "2ep",
+        lambda opt: [LinearScheduler(), torch.optim.lr_scheduler.StepLR(opt, 1, gamma=1.0)],
+    )
+    assert lrs == pytest.approx([2.0 * (1 - (batch // 4) * 4 / 8) for batch in range(8)])
+
+
+def test_bad_step_schedulers_every_batch_is_rejected():
+    with pytest.raises(ValueError, match="step_schedulers_every_batch"):
+        train_and_record_lrs("1ep", step_lr, step_schedulers_every_batch="yes")
+
+
+# --- schedules in another unit than max_duration (Composer: the run's own count) -------------
+
+
+def test_batch_schedules_in_a_run_measured_in_samples():
+    # 16 samples a batch: 128sp is 8 batches; the schedules count batches.
+    lrs, _ = train_and_record_lrs(
+        "128sp", lambda _: LinearWithWarmupScheduler(t_warmup="2ba", t_max="6ba", alpha_f=0.2)
+    )
+    expected = [b / 2 if b < 2 else 1 + (0.2 - 1) * min((b - 2) / 4, 1.0) for b in range(8)]
+    assert lrs == pytest.approx([2.0 * e for e in expected])
+
+    lrs, _ = train_and_record_lrs("128sp", lambda _: StepScheduler(step_size="3ba", gamma=0.5))
+    assert lrs == pytest.approx([2.0 * 0.5 ** (b // 3) for b in range(8)])
+
+
+def test_epoch_schedules_in_a_run_measured_in_samples_count_the_epochs_batches():
+    lrs, _ = train_and_record_lrs(
+        "128sp", lambda _: MultiStepScheduler(milestones=["1ep", "6ba"], gamma=0.5)
+    )
+    assert lrs == pytest.approx([2.0 * 0.5 ** ((b >= 4) + (b >= 6)) for b in range(8)])
+
+
+def test_warmup_and_t_max_measured_differently_raise():
+    with pytest.raises(ValueError, match="measured differently"):
+        train_and_record_lrs("128sp", lambda _: LinearWithWarmupScheduler(t_warmup="2ba"))
+
+
+# --- scale_schedule_ratio --------------------------------------------------------------------
+
+
+def test_scale_schedule_ratio_scales_max_duration_and_milestones():
+    lrs, _ = train_and_record_lrs(
+        "2ep",
+        lambda _: MultiStepScheduler(milestones=["4ba", "6ba"], gamma=0.5),
+        scale_schedule_ratio=0.5,
+    )
+    milestones = [int(4 * 0.5), int(6 * 0.5)]
+    assert len(lrs) == 4  # 2 epochs of 4 batches, halved
+    assert lrs == pytest.approx([2.0 * 0.5 ** sum(b >= m for m in milestones) for b in range(4)])
+
+
+def test_scale_schedule_ratio_leaves_warmup_alone_unless_scale_warmup():
+    def expected(warmup: int, total: int = 4) -> list[float]:
+        return [
+            2.0 * (b / warmup if b < warmup else 1 - (b - warmup) / (total - warmup))
+            for b in range(total)
+        ]
+
+    lrs, _ = train_and_record_lrs(
+        "2ep", lambda _: LinearWithWarmupScheduler(t_warmup="2ba"), scale_schedule_ratio=0.5
+    )
+    assert lrs == pytest.approx(expected(warmup=2))
+    lrs, _ = train_and_record_lrs(
+        "2ep",
+        lambda _: LinearWithWarmupScheduler(t_warmup="2ba", scale_warmup=True),
+        scale_schedule_ratio=0.5,
+    )
+    assert lrs == pytest.approx(expected(warmup=1))
+
+
+def test_scale_schedule_ratio_scales_torch_schedulers():
+    lrs, optimizer = train_and_record_lrs(
+        "4ep",
+        lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+        scale_schedule_ratio=0.5,
+        lr=0.1,
+    )
+    # 2 epochs; step_size 2 -> 1 epoch
+    assert lrs == pytest.approx([0.1 * 0.5 ** (b // 4) for b in range(8)])
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def test_scale_schedule_ratio_errors():
+    with pytest.raises(ValueError, match="has no effect without schedulers"):
+        train_and_record_lrs("2ep", lambda _: None, scale_schedule_ratio=0.5)
+    with pytest.raises(ValueError, match="scale_schedule_ratio must be a positive number"):
+        train_and_record_lrs("2ep", lambda _: None, scale_schedule_ratio=0)
+    with pytest.raises(ValueError, match="cannot scale LambdaLR"):
+        train_and_record_lrs(
+            "2ep",
+            lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+            scale_schedule_ratio=0.5,
+        )
+    with pytest.raises(ValueError, match="takes only the state"):
+        train_and_record_lrs("2ep", lambda _: lambda state: 1.0, scale_schedule_ratio=0.5)
+
+
+# --- the warm-up schedules and warm restarts --------------------------------------------------
+
+
+def test_linear_with_warmup_alpha_i():
+    schedule = LinearWithWarmupScheduler(t_warmup="0.25dur", alpha_i=0.5, alpha_f=0.1)
+    assert schedule(at(0.125)) == pytest.approx(0.25)
+    assert schedule(at(0.25)) == pytest.approx(0.5)
+    assert schedule(at(0.625)) == pytest.approx(0.3)
+    assert schedule(at(1.0)) == pytest.approx(0.1)
+
+
+def test_constant_with_warmup_scheduler():
+    schedule = ConstantWithWarmupScheduler(t_warmup="0.25dur", alpha=0.5)
+    assert [schedule(at(f)) for f in (0.0, 0.125, 0.25, 0.6, 1.0)] == pytest.approx(
+        [0.0, 0.25, 0.5, 0.5, 0.5]
+    )
+
+
+def test_multistep_with_warmup_scheduler():
+    schedule = MultiStepWithWarmupScheduler(
+        t_warmup="0.2dur", milestones=["0.5dur", "0.75dur"], gamma=0.1
+    )
+    assert [schedule(at(f)) for f in (0.1, 0.2, 0.49, 0.5, 0.8)] == pytest.approx(
+        [0.5, 1.0, 1.0, 0.1, 0.01]
+    )
+
+
+def test_polynomial_with_warmup_scheduler():
+    schedule = PolynomialWithWarmupScheduler(t_warmup="0.2dur", power=2.0, alpha_f=0.1)
+    for f in (0.1, 0.2, 0.6, 1.0):
+        expected = f / 0.2 if f < 0.2 else 0.1 + 0.9 * (1 - (f - 0.2) / 0.8) ** 2
+        assert schedule(at(f)) == pytest.approx(expected)
+
+
+def test_cosine_warm_restarts_in_the_trainer():
+    lrs, _ = train_and_record_lrs(
+        "2ep", lambda _: CosineAnnealingWarmRestartsScheduler(t_0="2ba", t_mult=2.0, alpha_f=0.1)
+    )
+
+    def expected(batch: int) -> float:
+        start, length = 0, 2
+        while start + length <= batch:
+            start, length = start + length, int(length * 2.0)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (batch - start) / length))
+
+    assert lrs == pytest.approx([2.0 * expected(b) for b in range(8)])
+
+
+def test_new_schedules_in_the_trainer_with_warmup():
+    lrs, _ = train_and_record_lrs(
+        "2ep", lambda _: MultiStepWithWarmupScheduler(t_warmup="1ep", milestones=["6ba"])
+    )
+    assert lrs == pytest.approx([2.0 * (b / 4 if b < 4 else 0.1 ** (b >= 6)) for b in range(8)])
+    lrs, _ = train_and_record_lrs(
+        "2ep", lambda _: ConstantWithWarmupScheduler(t_warmup="2ba", alpha=0.5)
+    )
+    assert lrs == pytest.approx([2.0 * (0.5 * b / 2 if b < 2 else 0.5) for b in range(8)])
+
+
+def test_bad_new_schedule_options_are_rejected():
+    with pytest.raises(ValueError, match="t_mult"):
+        CosineAnnealingWarmRestartsScheduler(t_0="1ep", t_mult=0.5)
+    with pytest.raises(ValueError, match="scale_warmup"):
+        PolynomialWithWarmupScheduler(t_warmup="1ep", scale_warmup="no")
+    with pytest.raises(ValueError, match="milestone"):
+        MultiStepWithWarmupScheduler(t_warmup="1ep", milestones=["half"])

@@ -5,7 +5,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from multirank import run_ranks
 from toy import OOMAbove, blobs, loader, mlp
-from trainkit.core import Trainer
+from trainkit.core import SingleProcess, Trainer
 
 
 def _trainer(model, rank, **kwargs):
@@ -15,6 +15,9 @@ def _trainer(model, rank, **kwargs):
         max_duration="2ba",
         progress_bar=False,
         device="cpu",
+        # Each rank its own replica, on purpose: these checks need no DDP (and core's tests
+        # run without trainkit-parallel).
+        parallelism=SingleProcess(),
         **kwargs,
     )
 

@@ -6,7 +6,7 @@ import pytest
 
 from multirank import run_ranks
 from toy import blobs, loader, mlp
-from trainkit.core import Callback, CallbackError, Trainer
+from trainkit.core import Callback, CallbackError, SingleProcess, Trainer
 from trainkit.profiler import Profiler, ProfilerConfig, merge_chrome_traces
 
 
@@ -136,6 +136,7 @@ def _profile_two_ranks(rank, world_size, folder):
     trainer = Trainer(
         model=mlp(), train_dataloader=loader(blobs(32)), max_duration="3ba", device="cpu",
         progress_bar=False, seed=0, run_name="dist", callbacks=[profiler],
+        parallelism=SingleProcess(),  # replicas on purpose: no trainkit-parallel needed
     )  # fmt: skip
     trainer.fit()
     trainer.close()

@@ -2,7 +2,7 @@
 
 The top level holds the contract: what users and sibling packages build on. The rest is
 in public submodules: `trainkit.core.loop` (the run's phases, for your own loop),
-`.metrics`, `.data`, `.config`, `.precision`, `.interval`, `.rng`, `.schedulers`,
+`.metrics`, `.data`, `.config`, `.precision`, `.interval`, `.rng`, `.schedulers`, `.optim`,
 `.dist`, `.plugins`.
 """
 
@@ -21,13 +21,17 @@ from trainkit.core._trainer import Trainer, TrainerConfig
 from trainkit.core.config import Configurable
 from trainkit.core.schedulers import (
     ConstantScheduler,
+    ConstantWithWarmupScheduler,
     CosineAnnealingScheduler,
+    CosineAnnealingWarmRestartsScheduler,
     CosineAnnealingWithWarmupScheduler,
     ExponentialScheduler,
     LinearScheduler,
     LinearWithWarmupScheduler,
     MultiStepScheduler,
+    MultiStepWithWarmupScheduler,
     PolynomialScheduler,
+    PolynomialWithWarmupScheduler,
     Scheduler,
     StepScheduler,
 )
@@ -41,7 +45,9 @@ __all__ = [
     "Classifier",
     "Configurable",
     "ConstantScheduler",
+    "ConstantWithWarmupScheduler",
     "CosineAnnealingScheduler",
+    "CosineAnnealingWarmRestartsScheduler",
     "CosineAnnealingWithWarmupScheduler",
     "DataSpec",
     "Device",
@@ -56,10 +62,12 @@ __all__ = [
     "LoggerDestination",
     "MixedPrecision",
     "MultiStepScheduler",
+    "MultiStepWithWarmupScheduler",
     "Order",
     "OrderingPass",
     "ParallelStrategy",
     "PolynomialScheduler",
+    "PolynomialWithWarmupScheduler",
     "Precision",
     "Scheduler",
     "SingleProcess",

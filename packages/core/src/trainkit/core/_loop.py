@@ -9,12 +9,12 @@ around its own step (see the README: "Write your own trainer")::
         for batch in epoch_batches(state, engine):  # EPOCH_START, *_DATALOADER
             clock = start_batch(state, engine, batch)   # counts, device, BATCH_START
             ...your forward / backward / optimizer steps, firing the events you support...
-            finish_batch(state, engine, clock, loss)    # timestamp, schedulers, BATCH_END
+            finish_batch(state, engine, clock, loss)    # timestamp, schedulers (per batch), BATCH_END
             engine.run_event(Event.BATCH_CHECKPOINT)
             if state.is_done() or state.stop_requested:
                 break
         else:
-            finish_epoch(state, engine)                 # EPOCH_END
+            finish_epoch(state, engine)                 # schedulers (per epoch), EPOCH_END
             engine.run_event(Event.EPOCH_CHECKPOINT)
     engine.run_event(Event.FIT_END)
     engine.close()
@@ -45,12 +45,21 @@ __all__ = [
 ]
 
 
-def prepare_run(state: State, engine: Engine, *, schedulers: Any = None) -> None:
+def prepare_run(
+    state: State,
+    engine: Engine,
+    *,
+    schedulers: Any = None,
+    scale_schedule_ratio: float = 1.0,
+    step_schedulers_every_batch: bool | None = None,
+) -> None:
     """From a built `State` to the first batch: INIT, placement, strategy, loading.
 
     Fires INIT (surgery algorithms change the model here), moves the model to
     ``state.device``, lets the strategy wrap or shard it (and adapt the precision), re-binds optimizers built on the
-    original parameters (or builds AdamW if there are none), compiles ``schedulers``, sets
+    original parameters (or builds AdamW if there are none), compiles ``schedulers`` (scaling
+    them and ``state.max_duration`` by ``scale_schedule_ratio``, and choosing when they are
+    stepped from ``step_schedulers_every_batch``, as Composer does), sets
     up metrics, makes the training data resumable, then fires BEFORE_LOAD (checkpoint
     loaders load here) and AFTER_LOAD.
     """
@@ -64,7 +73,17 @@ def prepare_run(state: State, engine: Engine, *, schedulers: Any = None) -> None
     rebind_optimizers(state.optimizers, unwrapped, names_before)
     if not state.optimizers:
         state.optimizers = [torch.optim.AdamW(unwrapped.parameters(), lr=1e-3)]
-    state.schedulers = setup.make_schedulers(schedulers, state)
+    state.schedulers = setup.make_schedulers(schedulers, state, scale_schedule_ratio)
+    if scale_schedule_ratio != 1.0:
+        if not state.schedulers:
+            raise ValueError(
+                f"scale_schedule_ratio {scale_schedule_ratio} has no effect without schedulers; "
+                "give schedulers or leave it at 1.0"
+            )
+        state.max_duration = setup.scale_max_duration(state.max_duration, scale_schedule_ratio)
+    state.step_schedulers_every_batch = setup.step_every_batch(
+        schedulers, step_schedulers_every_batch
+    )
     state.train_metrics = setup.train_metrics_for(unwrapped, state.device)
     state.eval_metrics = setup.eval_metrics_for(unwrapped, state.evaluators, state.device)
     if state.train_data is not None:
@@ -123,18 +142,23 @@ def start_batch(state: State, engine: Engine, batch: Any) -> BatchClock:
 def finish_batch(
     state: State, engine: Engine, clock: BatchClock, loss: torch.Tensor | None
 ) -> None:
-    """Advance the timestamp, step the LR schedulers, log the loss, fire BATCH_END."""
+    """Advance the timestamp, step the LR schedulers (when stepped every batch), log the loss,
+    fire BATCH_END."""
     duration = time.perf_counter() - clock.started
     state.timestamp = state.timestamp.to_next_batch(clock.samples, clock.tokens, duration)
-    scheduler_step(state)
+    if state.step_schedulers_every_batch:
+        scheduler_step(state)
     if loss is not None:
         engine.logger.log_metrics({"loss/train/total": loss})
     engine.run_event(Event.BATCH_END)
 
 
 def finish_epoch(state: State, engine: Engine) -> None:
-    """Advance to the next epoch, log the epoch's train metrics, fire EPOCH_END."""
+    """Advance to the next epoch, step the LR schedulers (when stepped every epoch), log the
+    epoch's train metrics, fire EPOCH_END."""
     state.timestamp = state.timestamp.to_next_epoch()
+    if not state.step_schedulers_every_batch:
+        scheduler_step(state)
     if state.train_metrics:
         engine.logger.log_metrics(
             {f"metrics/train/{k}": m.compute() for k, m in state.train_metrics.items()}

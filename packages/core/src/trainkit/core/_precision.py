@@ -184,15 +184,27 @@ class Device(StrEnum):
     AUTO = "auto"
 
 
+_DEVICE_ALIASES = {"gpu": Device.CUDA}
+"""Other names for a device kind: ``"gpu"`` is Composer's spelling of ``"cuda"``."""
+
+
 def check_device(device: Device | str | torch.device | None) -> Device | None:
-    """The kind of device named (None for a `torch.device`); raises for an unknown name."""
+    """The kind of device named (None for a `torch.device`); raises for an unknown name.
+
+    ``"gpu"`` (Composer's spelling) is accepted as ``"cuda"``.
+    """
     if isinstance(device, torch.device):
         return None
+    if isinstance(device, str) and device in _DEVICE_ALIASES:
+        return _DEVICE_ALIASES[device]
     try:
         return Device("auto" if device is None else device)
     except ValueError:
         accepted = ", ".join(repr(d.value) for d in Device)
-        raise ValueError(f"unknown device {device!r}; accepted: {accepted}") from None
+        raise ValueError(
+            f"unknown device {device!r}; accepted: {accepted}, 'gpu' (same as 'cuda') or a "
+            "torch.device"
+        ) from None
 
 
 def resolve_device(device: Device | str | torch.device | None, local_rank: int = 0) -> torch.device:
@@ -210,7 +222,8 @@ def resolve_device(device: Device | str | torch.device | None, local_rank: int =
     if kind == Device.CUDA:
         if not torch.cuda.is_available():
             raise ValueError(
-                "device 'cuda' was requested but no CUDA device is available; use 'cpu' or 'auto'"
+                f"device {str(device)!r} was requested but no CUDA device is available; use "
+                "'cpu' or 'auto'"
             )
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     if kind == Device.MPS and not torch.backends.mps.is_available():

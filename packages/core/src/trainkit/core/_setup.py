@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +17,7 @@ from trainkit.core._logger import LoggerDestination
 from trainkit.core._model import TrainModel
 from trainkit.core._progress import ProgressLines
 from trainkit.core._state import Evaluator, State
+from trainkit.core._time import Time, TimeUnit
 from trainkit.core.schedulers import Scheduler
 
 __all__ = [
@@ -24,6 +27,8 @@ __all__ = [
     "make_optimizers",
     "make_schedulers",
     "progress_destination",
+    "scale_max_duration",
+    "step_every_batch",
     "to_dataspec",
 ]
 
@@ -94,23 +99,107 @@ def make_optimizers(optimizers: Any, model: nn.Module) -> list[torch.optim.Optim
     return listed
 
 
-def make_schedulers(schedulers: Any, state: State) -> list[Any]:
+def make_schedulers(schedulers: Any, state: State, scale_schedule_ratio: float = 1.0) -> list[Any]:
+    """Compile trainkit schedules (one `ScheduleLR` per optimizer) and check torch schedulers;
+    with ``scale_schedule_ratio`` != 1, torch schedulers are scaled in place (as Composer)."""
+    ssr = check_scale_schedule_ratio(scale_schedule_ratio)
     if schedulers is None:
         return []
     listed = list(schedulers) if isinstance(schedulers, Sequence) else [schedulers]
     compiled: list[Any] = []
     for scheduler in listed:
         if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+            _scale_torch_scheduler(scheduler, ssr)
             compiled.append(scheduler)
         elif isinstance(scheduler, Scheduler):
+            schedule = _with_ratio(scheduler, ssr)
             for optimizer in state.optimizers:
-                compiled.append(ScheduleLR(optimizer, _at_state(scheduler, state)))
+                compiled.append(ScheduleLR(optimizer, _at_state(schedule, state)))
         else:
             raise TypeError(
                 f"scheduler {scheduler!r} is neither a trainkit schedule (a callable of the "
                 "state) nor a torch.optim.lr_scheduler.LRScheduler"
             )
     return compiled
+
+
+def check_scale_schedule_ratio(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(
+            f"scale_schedule_ratio must be a positive number (0.5 trains half as long), got {value!r}"
+        )
+    return float(value)
+
+
+def scale_max_duration(max_duration: Time | None, ratio: float) -> Time | None:
+    """``max_duration`` times ``scale_schedule_ratio`` (whole epochs, batches, ...)."""
+    if max_duration is None or ratio == 1.0:
+        return max_duration
+    value = max_duration.value * ratio
+    scaled = Time(value if max_duration.unit == TimeUnit.SECOND else int(value), max_duration.unit)
+    if scaled.value == 0:
+        raise ValueError(
+            f"scale_schedule_ratio {ratio} reduces max_duration {max_duration} to 0; use a "
+            "larger ratio or a longer max_duration"
+        )
+    return scaled
+
+
+def step_every_batch(schedulers: Any, step_schedulers_every_batch: bool | None) -> bool:
+    """Composer's rule: explicit True/False for all schedulers; by default every batch
+    unless a torch LR scheduler is among them, then every epoch (for all of them)."""
+    if step_schedulers_every_batch is not None:
+        if not isinstance(step_schedulers_every_batch, bool):
+            raise ValueError(
+                "step_schedulers_every_batch must be True, False or None, got "
+                f"{step_schedulers_every_batch!r}"
+            )
+        return step_schedulers_every_batch
+    listed = (
+        list(schedulers)
+        if isinstance(schedulers, Sequence)
+        else []
+        if schedulers is None
+        else [schedulers]
+    )
+    return not any(isinstance(s, torch.optim.lr_scheduler.LRScheduler) for s in listed)
+
+
+def _scale_torch_scheduler(scheduler: Any, ratio: float) -> None:
+    lr = torch.optim.lr_scheduler
+    if ratio == 1.0:
+        return
+    if isinstance(scheduler, lr.StepLR):
+        scheduler.step_size = int(scheduler.step_size * ratio)
+    elif isinstance(scheduler, lr.MultiStepLR):
+        scheduler.milestones = Counter(int(m * ratio) for m in scheduler.milestones.elements())
+    elif isinstance(scheduler, lr.CosineAnnealingLR):
+        scheduler.T_max = int(scheduler.T_max * ratio)
+    elif isinstance(scheduler, lr.CosineAnnealingWarmRestarts):
+        scheduler.T_0 = int(scheduler.T_0 * ratio)
+    elif isinstance(scheduler, lr.ExponentialLR):
+        scheduler.gamma = scheduler.gamma ** (1 / ratio)
+    else:
+        raise ValueError(
+            f"scale_schedule_ratio cannot scale {type(scheduler).__name__}; it scales StepLR, "
+            "MultiStepLR, CosineAnnealingLR, CosineAnnealingWarmRestarts and ExponentialLR, "
+            "or use a trainkit schedule"
+        )
+
+
+def _with_ratio(schedule: Any, ratio: float) -> Any:
+    if ratio == 1.0:
+        return schedule
+    try:
+        params = inspect.signature(schedule).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if len(params) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+        raise ValueError(
+            f"schedule {schedule!r} takes only the state, so scale_schedule_ratio {ratio} "
+            "cannot scale it; accept (state, ssr) or use a trainkit schedule"
+        )
+    return lambda state: schedule(state, ratio)
 
 
 class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):

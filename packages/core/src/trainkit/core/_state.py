@@ -49,6 +49,9 @@ class State:
     model: nn.Module
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     schedulers: list[Any] = field(default_factory=list)
+    step_schedulers_every_batch: bool = True
+    """Whether `finish_batch` steps the schedulers (True) or `finish_epoch` does (False);
+    set by `prepare_run` from the Trainer's ``step_schedulers_every_batch``."""
     train_data: DataSpec | None = None
     evaluators: list[Evaluator] = field(default_factory=list)
     max_duration: Time | None = None

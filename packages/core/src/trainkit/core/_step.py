@@ -160,7 +160,9 @@ def optimizer_step(state: State) -> None:
 
 
 def scheduler_step(state: State) -> None:
-    """Step every LR scheduler; call it after advancing ``state.timestamp``."""
+    """Step every LR scheduler; call it after advancing ``state.timestamp`` (the loop calls it
+    after each batch, or after each epoch when ``state.step_schedulers_every_batch`` is
+    False)."""
     for scheduler in state.schedulers:
         scheduler.step()
 

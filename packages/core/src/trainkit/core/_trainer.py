@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from trainkit.core import _setup as setup
-from trainkit.core import dist
+from trainkit.core import dist, plugins
 from trainkit.core._callback import Algorithm
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
@@ -20,6 +21,7 @@ from trainkit.core._logger import Logger, LoggerDestination
 from trainkit.core._loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
 from trainkit.core._precision import (
+    Device,
     Precision,
     check_device,
     check_precision,
@@ -29,7 +31,7 @@ from trainkit.core._precision import (
 from trainkit.core._rng import random_seed, seed_everything
 from trainkit.core._state import State
 from trainkit.core._step import eval_forward, evaluate, optimizer_step, train_batch
-from trainkit.core._time import Time, TimeUnit, ensure_time
+from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core.config import Configurable, slot, to_plain
 
 __all__ = ["Trainer", "TrainerConfig"]
@@ -51,8 +53,17 @@ class TrainerConfig:
     algorithms or the strategy replace parameters (re-bound by name). Default: AdamW with
     lr 1e-3, built after algorithms and the strategy have run."""
     schedulers: Any = slot("trainkit.schedulers", default=None)
-    """trainkit schedules (`trainkit.core.schedulers`) or torch LR schedulers; all are
-    stepped after every batch."""
+    """trainkit schedules (`trainkit.core.schedulers`) or torch LR schedulers; when they are
+    stepped is ``step_schedulers_every_batch``."""
+    step_schedulers_every_batch: bool | None = None
+    """True steps every scheduler after each batch, False after each epoch. None (default,
+    Composer's rule): after each batch, unless a torch LR scheduler is among ``schedulers``,
+    then all of them after each epoch (a torch scheduler's step_size, T_max, ... count
+    epochs)."""
+    scale_schedule_ratio: float = 1.0
+    """Multiplies ``max_duration`` and the schedules' times (milestones, ``t_max``, torch
+    schedulers' step_size, T_max, ...; warm-ups only with ``scale_warmup=True``): 0.5 trains
+    half as long on the whole schedule. Needs ``schedulers``."""
     algorithms: Sequence[Algorithm] = slot("trainkit.algorithms", default=())
     """Training methods, run by the `Engine` at each `Event`."""
     callbacks: Sequence[Any] = slot("trainkit.callbacks", default=())
@@ -69,12 +80,13 @@ class TrainerConfig:
     """``"fp32"``, ``"amp_bf16"``, ``"amp_fp16"`` (CUDA, with a grad scaler), or a
     `Precision` object."""
     device: str | torch.device | None = "auto"
-    """``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"`` or a `torch.device`."""
+    """``"auto"``, ``"cpu"``, ``"cuda"`` (or ``"gpu"``), ``"mps"`` or a `torch.device`."""
     device_train_microbatch_size: int | str | None = None
     """None (whole batch), a size for gradient accumulation, or ``"auto"`` (halve on
     out-of-memory, agreed across ranks)."""
     parallelism: ParallelStrategy | None = slot("trainkit.parallel", default=None)
-    """A `ParallelStrategy` (default: single process)."""
+    """A `ParallelStrategy`. Default: DDP (from trainkit-parallel) at world size > 1, else
+    single process; `SingleProcess` at world size > 1 trains independent replicas."""
     seed: int | None = None
     """The run's seed (rank r uses seed + r); random and broadcast if None."""
     deterministic: bool = False
@@ -92,6 +104,7 @@ class TrainerConfig:
         check_precision(self.precision)
         check_device(self.device)
         setup.check_microbatch_size(self.device_train_microbatch_size, None)
+        setup.check_scale_schedule_ratio(self.scale_schedule_ratio)
 
 
 class Trainer(Configurable, config=TrainerConfig):
@@ -108,6 +121,8 @@ class Trainer(Configurable, config=TrainerConfig):
         config = self.config
         model = config.model
         setup.check_model(model)
+        _join_launched_group(config.device)  # before the seed is agreed and the device picked
+        parallelism = _resolve_parallelism(config.parallelism, model)
         device = resolve_device(config.device, dist.get_local_rank())
         precision = make_precision(config.precision, device)
         train_data = (
@@ -143,14 +158,20 @@ class Trainer(Configurable, config=TrainerConfig):
             seed=seed,
             device_train_microbatch_size=microbatch,
             auto_microbatching=auto,
-            parallelism=config.parallelism or SingleProcess(),
+            parallelism=parallelism,
             run_name=config.run_name or setup.default_run_name(),
             algorithms=list(config.algorithms),
             callbacks=list(config.callbacks),
         )
         self.logger = Logger(destinations, state)
         self.engine = Engine(state, self.logger)
-        prepare_run(state, self.engine, schedulers=config.schedulers)
+        prepare_run(
+            state,
+            self.engine,
+            schedulers=config.schedulers,
+            scale_schedule_ratio=config.scale_schedule_ratio,
+            step_schedulers_every_batch=config.step_schedulers_every_batch,
+        )
         self.logger.log_hyperparameters(self.hyperparameters())  # destinations started at INIT
         self._last_eval_batch = -1
         self.last_eval: dict[str, Any] = {}
@@ -315,7 +336,59 @@ def _check_max_duration(max_duration: Time | str | int | None) -> Time | None:
             f"max_duration {max_duration!r} is a fraction of itself; give it in epochs, batches, "
             "samples, tokens or wall-clock time, e.g. '10ep', '500ba', '1h'"
         )
+    if duration.unit == TimeUnit.ITERATION:
+        Timestamp().get(duration.unit)  # raises: trainkit does not count iterations (says why)
     return duration
+
+
+def _join_launched_group(device: str | torch.device | None) -> None:
+    """Under a multi-rank launcher (torchrun's ``WORLD_SIZE`` > 1) with no process group
+    yet, start it, as Composer does: gloo for a CPU run, else NCCL when CUDA is there."""
+    if dist.is_initialized() or dist._launched_world_size() <= 1:
+        return
+    cpu = check_device(device) == Device.CPU or (
+        isinstance(device, torch.device) and device.type == "cpu"
+    )
+    dist.init_distributed(backend="gloo" if cpu else "auto", single_process=False)
+
+
+def _resolve_parallelism(given: ParallelStrategy | None, model: nn.Module) -> ParallelStrategy:
+    """The strategy to train with: DDP by default at world size > 1, so that ranks never
+    train diverging replicas without being asked to."""
+    world_size = dist.get_world_size()
+    if world_size == 1 or _distributed_by_user(model):
+        return given if given is not None else SingleProcess()
+    if given is None:
+        if "ddp" not in plugins.available("trainkit.parallel"):
+            raise ImportError(
+                f"this run has {world_size} ranks and no parallelism= was given: the default is "
+                "data parallelism (DDP), which comes with trainkit-parallel, and it is not "
+                "installed. Install it (`pip install trainkit-parallel`), or pass a strategy: "
+                "parallelism=SingleProcess() trains an independent replica on each rank, on "
+                "purpose"
+            )
+        return plugins.load("trainkit.parallel", "ddp")()
+    if type(given) is SingleProcess:
+        warnings.warn(
+            f"parallelism=SingleProcess() with {world_size} ranks: each rank trains its own "
+            "replica, gradients are not averaged and the ranks' weights will differ. Leave "
+            "parallelism unset for data parallelism (DDP) if you want one model",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return given
+
+
+def _distributed_by_user(model: nn.Module) -> bool:
+    """Whether the model synchronises across ranks itself (wrapped or sharded before the
+    Trainer: DDP, FSDP, DTensor parameters), so no strategy must be added to it."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    wrappers = (nn.parallel.DistributedDataParallel, FullyShardedDataParallel, FSDPModule)
+    return any(isinstance(m, wrappers) for m in model.modules()) or any(
+        isinstance(p, DTensor) for p in model.parameters()
+    )
 
 
 def _set_deterministic(device: torch.device) -> None:

@@ -165,6 +165,19 @@ def init_distributed(
     return True
 
 
+def _launched_world_size(env: Mapping[str, str] | None = None) -> int:
+    """The world size a launcher (torchrun) set in ``WORLD_SIZE``; 1 without one.
+
+    A value that is not a number counts as more than one rank, so that `init_distributed`
+    reports it.
+    """
+    env = os.environ if env is None else env
+    try:
+        return int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 2
+
+
 def _resolve_backend(backend: str) -> str:
     if backend not in _BACKENDS:
         raise ValueError(f"backend {backend!r} is not supported; use one of {list(_BACKENDS)}")

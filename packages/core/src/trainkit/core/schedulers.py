@@ -1,10 +1,15 @@
 """Learning-rate schedules that speak `Time`.
 
 A schedule is a callable ``(state) -> float``: the multiplier applied to each parameter
-group's initial learning rate at the current point of training. The Trainer steps them
-after every optimizer step. Times may be given in any unit the run can convert to a
-fraction of ``max_duration`` (``"0.1dur"``, ``"2ep"``, ``"500ba"``, ...); torch's own LR
-schedulers are accepted too and are also stepped every batch.
+group's initial learning rate at the current point of training. The Trainer re-reads them
+after every batch. Times may be given as a fraction of ``max_duration`` (``"0.1dur"``) or
+in epochs, batches, samples or tokens: a time in the unit of ``max_duration`` (or in
+epochs/batches, through the data's length) is a fraction of the run; one in another unit
+(``"500ba"`` in a run of ``"1e6tok"``) is compared with the run's own count of that unit,
+as Composer does. With ``scale_schedule_ratio`` (a Trainer setting) every time except
+``"dur"`` fractions, which follow the scaled ``max_duration``, and warm-ups (unless
+``scale_warmup=True``) is multiplied by the ratio. torch's own LR schedulers are accepted
+too; see the Trainer's ``step_schedulers_every_batch`` for when they are stepped.
 
 Each schedule is a component: its options are one config dataclass (``XSchedulerConfig``,
 a docstring per field), and keyword arguments build it::
@@ -13,27 +18,57 @@ a docstring per field), and keyword arguments build it::
     LinearWithWarmupScheduler(LinearWithWarmupSchedulerConfig(t_warmup="0.1dur"))
 
 They are registered in the ``trainkit.schedulers`` entry-point group (``constant``,
-``linear``, ``linear_with_warmup``, ``cosine``, ``cosine_with_warmup``, ``multistep``,
-``exponential``, ``polynomial``, ``step``), which is how a config file names them.
+``constant_with_warmup``, ``linear``, ``linear_with_warmup``, ``cosine``,
+``cosine_with_warmup``, ``cosine_warm_restarts``, ``multistep``, ``multistep_with_warmup``,
+``exponential``, ``polynomial``, ``polynomial_with_warmup``, ``step``), which is how a config file names them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from trainkit.core._time import Time, TimeUnit, ensure_time
+from trainkit.core._time import Time, ensure_time
 from trainkit.core.config import Configurable
 
 if TYPE_CHECKING:
     from trainkit.core._state import State
+from trainkit.core._schedule_time import (
+    Scheduler,
+    _check_alpha,
+    _cosine,
+    _is_number,
+    _multistep,
+    _position,
+    _positive_time,
+    _progress,
+    as_fraction,
+)
+from trainkit.core._warmup_schedules import (
+    ConstantWithWarmupScheduler,
+    ConstantWithWarmupSchedulerConfig,
+    CosineAnnealingWarmRestartsScheduler,
+    CosineAnnealingWarmRestartsSchedulerConfig,
+    CosineAnnealingWithWarmupScheduler,
+    CosineAnnealingWithWarmupSchedulerConfig,
+    LinearWithWarmupScheduler,
+    LinearWithWarmupSchedulerConfig,
+    MultiStepWithWarmupScheduler,
+    MultiStepWithWarmupSchedulerConfig,
+    PolynomialWithWarmupScheduler,
+    PolynomialWithWarmupSchedulerConfig,
+)
 
 __all__ = [
     "ConstantScheduler",
     "ConstantSchedulerConfig",
+    "ConstantWithWarmupScheduler",
+    "ConstantWithWarmupSchedulerConfig",
     "CosineAnnealingScheduler",
     "CosineAnnealingSchedulerConfig",
+    "CosineAnnealingWarmRestartsScheduler",
+    "CosineAnnealingWarmRestartsSchedulerConfig",
     "CosineAnnealingWithWarmupScheduler",
     "CosineAnnealingWithWarmupSchedulerConfig",
     "ExponentialScheduler",
@@ -44,64 +79,17 @@ __all__ = [
     "LinearWithWarmupSchedulerConfig",
     "MultiStepScheduler",
     "MultiStepSchedulerConfig",
+    "MultiStepWithWarmupScheduler",
+    "MultiStepWithWarmupSchedulerConfig",
     "PolynomialScheduler",
     "PolynomialSchedulerConfig",
+    "PolynomialWithWarmupScheduler",
+    "PolynomialWithWarmupSchedulerConfig",
     "Scheduler",
     "StepScheduler",
     "StepSchedulerConfig",
     "as_fraction",
 ]
-
-
-@runtime_checkable
-class Scheduler(Protocol):
-    """A schedule: the learning-rate multiplier at the current point of ``state``."""
-
-    def __call__(self, state: State) -> float: ...
-
-
-def as_fraction(time: Time | str | int, state: State) -> float:
-    """``time`` as a fraction of ``state.max_duration`` (``"0.1dur"`` -> 0.1).
-
-    Raises:
-        ValueError: the two are in units that cannot be converted (e.g. samples vs epochs).
-    """
-    time = ensure_time(time, "scheduler time")
-    if time.unit == TimeUnit.DURATION:
-        return float(time.value)
-    max_duration = state.max_duration
-    if max_duration is None:
-        raise ValueError(f"scheduler time {time} needs the run's max_duration to be set")
-    if time.unit == max_duration.unit:
-        return time.value / max_duration.value
-    batches_per_epoch = state.dataloader_len
-    if batches_per_epoch is not None:
-        if time.unit == TimeUnit.EPOCH and max_duration.unit == TimeUnit.BATCH:
-            return time.value * batches_per_epoch / max_duration.value
-        if time.unit == TimeUnit.BATCH and max_duration.unit == TimeUnit.EPOCH:
-            return time.value / (max_duration.value * batches_per_epoch)
-    raise ValueError(
-        f"scheduler time {time} cannot be converted to the unit of max_duration "
-        f"{max_duration}; give it as a fraction ('0.1dur') or in {max_duration.unit.value}"
-    )
-
-
-def _positive_time(name: str, value: Time | str | int) -> Time:
-    time = ensure_time(value, name)
-    if time.value == 0:
-        raise ValueError(
-            f"{name} {value!r} is zero; use a positive duration such as '1dur' or '1ep'"
-        )
-    return time
-
-
-def _check_alpha(name: str, value: float) -> None:
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # --- the schedules: a config dataclass each, validated once in __post_init__ ---------------
@@ -128,8 +116,9 @@ class ConstantScheduler(Configurable, config=ConstantSchedulerConfig):
         super().__init__(config, **options)
         self.alpha, self.t_max = self.config.alpha, ensure_time(self.config.t_max, "t_max")
 
-    def __call__(self, state: State) -> float:
-        return self.alpha if state.elapsed_fraction() < as_fraction(self.t_max, state) else 1.0
+    def __call__(self, state: State, ssr: float = 1.0) -> float:
+        elapsed, span, _ = _position(self.t_max, state, ssr)
+        return self.alpha if elapsed < span else 1.0
 
 
 @dataclass(kw_only=True)
@@ -158,8 +147,8 @@ class LinearScheduler(Configurable, config=LinearSchedulerConfig):
         self.alpha_i, self.alpha_f = self.config.alpha_i, self.config.alpha_f
         self.t_max = _positive_time("t_max", self.config.t_max)
 
-    def __call__(self, state: State) -> float:
-        progress = min(state.elapsed_fraction() / as_fraction(self.t_max, state), 1.0)
+    def __call__(self, state: State, ssr: float = 1.0) -> float:
+        progress = min(_progress(self.t_max, state, ssr), 1.0)
         return self.alpha_i + (self.alpha_f - self.alpha_i) * progress
 
 
@@ -185,8 +174,8 @@ class ExponentialScheduler(Configurable, config=ExponentialSchedulerConfig):
         self.gamma = self.config.gamma
         self.decay_period = _positive_time("decay_period", self.config.decay_period)
 
-    def __call__(self, state: State) -> float:
-        return self.gamma ** (state.elapsed_fraction() / as_fraction(self.decay_period, state))
+    def __call__(self, state: State, ssr: float = 1.0) -> float:
+        return self.gamma ** _progress(self.decay_period, state, ssr)
 
 
 @dataclass(kw_only=True)
@@ -211,8 +200,8 @@ class StepScheduler(Configurable, config=StepSchedulerConfig):
         self.step_size = _positive_time("step_size", self.config.step_size)
         self.gamma = self.config.gamma
 
-    def __call__(self, state: State) -> float:
-        steps = math.floor(state.elapsed_fraction() / as_fraction(self.step_size, state) + 1e-9)
+    def __call__(self, state: State, ssr: float = 1.0) -> float:
+        steps = math.floor(_progress(self.step_size, state, ssr) + 1e-9)
         return self.gamma**steps
 
 
@@ -244,10 +233,8 @@ class MultiStepScheduler(Configurable, config=MultiStepSchedulerConfig):
         self.milestones = [ensure_time(m, "milestone") for m in self.config.milestones]
         self.gamma = self.config.gamma
 
-    def __call__(self, state: State) -> float:
-        elapsed = state.elapsed_fraction() + 1e-9
-        passed = sum(1 for m in self.milestones if elapsed >= as_fraction(m, state))
-        return self.gamma**passed
+    def __call__(self, state: State, ssr: float = 1.0) -> float:
+        return _multistep(self.milestones, self.gamma, state, ssr)
 
 
 @dataclass(kw_only=True)
@@ -276,8 +263,8 @@ class PolynomialScheduler(Configurable, config=PolynomialSchedulerConfig):
         self.power, self.alpha_f = self.config.power, self.config.alpha_f
         self.t_max = _positive_time("t_max", self.config.t_max)
 
-    def __call__(self, state: State) -> float:
-        progress = min(state.elapsed_fraction() / as_fraction(self.t_max, state), 1.0)
+    def __call__(self, state: State, ssr: float = 1.0) -> float:
+        progress = min(_progress(self.t_max, state, ssr), 1.0)
         return self.alpha_f + (1 - self.alpha_f) * (1 - progress) ** self.power
 
 
@@ -303,80 +290,6 @@ class CosineAnnealingScheduler(Configurable, config=CosineAnnealingSchedulerConf
         self.t_max = _positive_time("t_max", self.config.t_max)
         self.alpha_f = self.config.alpha_f
 
-    def __call__(self, state: State) -> float:
-        progress = min(state.elapsed_fraction() / as_fraction(self.t_max, state), 1.0)
-        return _cosine(progress, self.alpha_f)
-
-
-def _cosine(progress: float, alpha_f: float) -> float:
-    return alpha_f + (1 - alpha_f) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-@dataclass(kw_only=True)
-class _WarmupConfig:
-    t_warmup: Time | str | int
-    """How long the linear warm-up from 0 to 1 takes (``"0.1dur"``, ``"2ep"``, ``"500ba"``);
-    it must not be longer than ``t_max``."""
-    alpha_f: float = 0.0
-    """The multiplier at ``t_max`` and after."""
-    t_max: Time | str | int = "1dur"
-    """When the decay after the warm-up reaches ``alpha_f`` (counted from the start)."""
-
-    def __post_init__(self) -> None:
-        _check_alpha("alpha_f", self.alpha_f)
-        ensure_time(self.t_warmup, "t_warmup")
-        ensure_time(self.t_max, "t_max")
-
-
-class _Warmup(Configurable):
-    """Linear warm-up from 0 to 1 over ``t_warmup``, then ``after(progress)`` on the rest."""
-
-    config: _WarmupConfig
-
-    def __init__(self, config: _WarmupConfig | None = None, /, **options: Any):
-        super().__init__(config, **options)
-        self.t_warmup = ensure_time(self.config.t_warmup, "t_warmup")
-        self.t_max = ensure_time(self.config.t_max, "t_max")
-        self.alpha_f = self.config.alpha_f
-
-    def _after(self, progress: float) -> float:
-        raise NotImplementedError
-
-    def __call__(self, state: State) -> float:
-        elapsed = state.elapsed_fraction()
-        warmup, total = as_fraction(self.t_warmup, state), as_fraction(self.t_max, state)
-        if warmup > total:
-            raise ValueError(f"t_warmup {self.t_warmup} is longer than t_max {self.t_max}")
-        if elapsed < warmup:
-            return elapsed / warmup
-        if total == warmup:
-            return self.alpha_f
-        return self._after(min((elapsed - warmup) / (total - warmup), 1.0))
-
-
-@dataclass(kw_only=True)
-class LinearWithWarmupSchedulerConfig(_WarmupConfig):
-    """Options of `LinearWithWarmupScheduler`."""
-
-
-class LinearWithWarmupScheduler(_Warmup, config=LinearWithWarmupSchedulerConfig):
-    """Warm up linearly over ``t_warmup``, then decay linearly from 1 to ``alpha_f``."""
-
-    config: LinearWithWarmupSchedulerConfig
-
-    def _after(self, progress: float) -> float:
-        return 1 + (self.alpha_f - 1) * progress
-
-
-@dataclass(kw_only=True)
-class CosineAnnealingWithWarmupSchedulerConfig(_WarmupConfig):
-    """Options of `CosineAnnealingWithWarmupScheduler`."""
-
-
-class CosineAnnealingWithWarmupScheduler(_Warmup, config=CosineAnnealingWithWarmupSchedulerConfig):
-    """Warm up linearly over ``t_warmup``, then half a cosine from 1 to ``alpha_f``."""
-
-    config: CosineAnnealingWithWarmupSchedulerConfig
-
-    def _after(self, progress: float) -> float:
+    def __call__(self, state: State, ssr: float = 1.0) -> float:
+        progress = min(_progress(self.t_max, state, ssr), 1.0)
         return _cosine(progress, self.alpha_f)

@@ -1,0 +1,121 @@
+"""What the schedules share: the `Scheduler` protocol and times as progress through a run."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from trainkit.core._time import Time, TimeUnit, ensure_time
+
+if TYPE_CHECKING:
+    from trainkit.core._state import State
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """A schedule: the learning-rate multiplier at the current point of ``state``.
+
+    ``ssr`` is the run's ``scale_schedule_ratio``; a schedule that takes only ``state``
+    works too, but cannot be used with a ratio other than 1.
+    """
+
+    def __call__(self, state: State, ssr: float = 1.0) -> float: ...
+
+
+def as_fraction(time: Time | str | int, state: State) -> float:
+    """``time`` as a fraction of ``state.max_duration`` (``"0.1dur"`` -> 0.1).
+
+    Raises:
+        ValueError: the two are in units that cannot be converted (e.g. samples vs epochs).
+    """
+    time = ensure_time(time, "scheduler time")
+    if time.unit == TimeUnit.DURATION:
+        return float(time.value)
+    max_duration = state.max_duration
+    if max_duration is None:
+        raise ValueError(f"scheduler time {time} needs the run's max_duration to be set")
+    if time.unit == max_duration.unit:
+        return time.value / max_duration.value
+    batches_per_epoch = state.dataloader_len
+    if batches_per_epoch is not None:
+        if time.unit == TimeUnit.EPOCH and max_duration.unit == TimeUnit.BATCH:
+            return time.value * batches_per_epoch / max_duration.value
+        if time.unit == TimeUnit.BATCH and max_duration.unit == TimeUnit.EPOCH:
+            return time.value / (max_duration.value * batches_per_epoch)
+    raise ValueError(
+        f"scheduler time {time} cannot be converted to the unit of max_duration "
+        f"{max_duration}; give it as a fraction ('0.1dur') or in {max_duration.unit.value}"
+    )
+
+
+def _scaled(time: Time, state: State, ssr: float) -> Time:
+    """``time`` multiplied by ``ssr`` (epochs become batches first, for granularity)."""
+    if ssr == 1.0 or time.unit == TimeUnit.DURATION:
+        return time
+    if time.unit == TimeUnit.SECOND:
+        return Time(time.value * ssr, time.unit)
+    if time.unit == TimeUnit.EPOCH and state.dataloader_len is not None:
+        time = Time(time.value * state.dataloader_len, TimeUnit.BATCH)
+    scaled = Time(int(time.value * ssr), time.unit)
+    if scaled.value == 0 and time.value != 0:
+        raise ValueError(
+            f"scale_schedule_ratio {ssr} makes the schedule time {time} zero; use a larger ratio"
+        )
+    return scaled
+
+
+def _position(time: Time | str | int, state: State, ssr: float = 1.0) -> tuple[float, float, str]:
+    """``(elapsed, span, measure)``: how far the run is and how long ``time`` is, in one
+    measure. Times convertible to a fraction of ``max_duration`` are fractions of the run
+    (measure ``"dur"``); a count the run keeps in another unit (``"500ba"`` when
+    ``max_duration`` is in tokens) is compared with the run's own count of that unit.
+    """
+    time = _scaled(ensure_time(time, "scheduler time"), state, ssr)
+    try:
+        return state.elapsed_fraction(), as_fraction(time, state), "dur"
+    except ValueError:
+        if state.max_duration is None or time.unit in (TimeUnit.DURATION, TimeUnit.SECOND):
+            raise
+        if time.unit == TimeUnit.EPOCH:
+            if state.dataloader_len is None:
+                raise  # an epoch count is too coarse; batches need the data's length
+            time = Time(time.value * state.dataloader_len, TimeUnit.BATCH)
+        elif time.unit == TimeUnit.BATCH and state.max_duration.unit == TimeUnit.EPOCH:
+            raise  # batches against epochs need the data's length; there is none
+    return float(state.timestamp.get(time.unit)), float(time.value), time.unit.value
+
+
+def _progress(time: Time | str | int, state: State, ssr: float = 1.0) -> float:
+    """How far through ``time`` the run is (not clipped)."""
+    elapsed, span, _ = _position(time, state, ssr)
+    return elapsed / span if span > 0 else 1.0
+
+
+def _positive_time(name: str, value: Time | str | int) -> Time:
+    time = ensure_time(value, name)
+    if time.value == 0:
+        raise ValueError(
+            f"{name} {value!r} is zero; use a positive duration such as '1dur' or '1ep'"
+        )
+    return time
+
+
+def _check_alpha(name: str, value: float) -> None:
+    if not _is_number(value) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _multistep(milestones: list[Time], gamma: float, state: State, ssr: float) -> float:
+    passed = 0
+    for milestone in milestones:
+        elapsed, at, _ = _position(milestone, state, ssr)
+        passed += elapsed + 1e-9 >= at
+    return gamma**passed
+
+
+def _cosine(progress: float, alpha_f: float) -> float:
+    return alpha_f + (1 - alpha_f) * 0.5 * (1 + math.cos(math.pi * progress))
