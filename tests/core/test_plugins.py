@@ -103,3 +103,26 @@ def test_every_slot_of_the_trainer_config_names_a_documented_group():
     assert groups <= set(plugins.GROUPS)
     for group in plugins.GROUPS:
         assert f"``{group}``" in plugins.__doc__
+
+
+def test_lazy_exports_import_a_name_from_its_module_on_first_use(tmp_path, monkeypatch):
+    import sys
+
+    package = tmp_path / "lazy_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from trainkit.core.plugins import lazy_exports\n"
+        "__getattr__, __dir__ = lazy_exports(__name__, {'VALUE': '_heavy'})\n"
+    )
+    (package / "_heavy.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lazy_pkg
+
+    assert "lazy_pkg._heavy" not in sys.modules
+    assert "VALUE" in dir(lazy_pkg)
+    assert lazy_pkg.VALUE == 42
+    assert "lazy_pkg._heavy" in sys.modules
+    with pytest.raises(AttributeError, match="module 'lazy_pkg' has no attribute 'OTHER'"):
+        lazy_pkg.OTHER  # noqa: B018
+    for name in [m for m in sys.modules if m.startswith("lazy_pkg")]:
+        monkeypatch.delitem(sys.modules, name)

@@ -7,8 +7,9 @@ on first use (PEP 562), so ``plugins.load("trainkit.algorithms", "ema")`` or
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainkit.core.plugins import lazy_exports
 
 if TYPE_CHECKING:
     from trainkit.algorithms._passes import (
@@ -415,14 +416,4 @@ _MODULES: dict[str, tuple[str, ...]] = {
 _MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # the next access is a plain lookup
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF)

@@ -28,10 +28,13 @@ as trainkit's own, naming the module that defines the component::
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any, NamedTuple
 
-__all__ = ["GROUPS", "PluginInfo", "available", "describe", "load"]
+__all__ = ["GROUPS", "PluginInfo", "available", "describe", "lazy_exports", "load"]
 
 GROUPS = (
     "trainkit.algorithms",
@@ -85,3 +88,28 @@ def load(group: str, name: str) -> Any:
         known = ", ".join(sorted(entry_points)) or "none installed"
         raise LookupError(f"no {group!r} entry point named {name!r}; available: {known}")
     return entry_points[name].load()
+
+
+def lazy_exports(
+    package: str, modules: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's PEP 562 ``__getattr__`` and ``__dir__``: each public name is imported from
+    its module (``modules``: name -> submodule) on first use, so importing the package, or
+    one entry point of it, does not import every module::
+
+        __getattr__, __dir__ = lazy_exports(__name__, {"EMA": "ema", ...})
+    """
+    namespace = sys.modules[package].__dict__
+
+    def __getattr__(name: str) -> Any:
+        module = modules.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        namespace[name] = value  # later lookups skip this function
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *modules})
+
+    return __getattr__, __dir__
