@@ -87,10 +87,15 @@ def check_unknown_options_are_rejected(cls):
         cls("a positional value")
 
 
+def check_fields_are_documented(config_class):
+    assert all(f.kw_only for f in dataclasses.fields(config_class))
+    docs = field_docs(config_class)
+    assert docs, f"{config_class.__name__} has no fields"
+    assert [name for name, doc in docs.items() if not doc.strip()] == []
+
+
 def check_fields_are_documented_plain_values(cls):
-    docs = field_docs(cls.config_class)
-    assert docs, f"{cls.config_class.__name__} has no fields"
-    assert [name for name, doc in docs.items() if not doc] == []
+    check_fields_are_documented(cls.config_class)
     config = cls.config_class()
     for field in dataclasses.fields(config):
         assert is_plain(getattr(config, field.name)), field.name

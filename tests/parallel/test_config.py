@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
+from component_checks import check_entry_point, check_fields_are_documented
 from trainkit.core import ParallelStrategy, plugins
-from trainkit.core.config import field_docs, settings
+from trainkit.core.config import settings
 
 STRATEGIES = sorted(
     (info.name, plugins.load("trainkit.parallel", info.name))
@@ -46,17 +47,12 @@ def test_the_package_registers_its_strategies():
 @pytest.mark.parametrize(("name", "cls"), STRATEGIES, ids=NAMES)
 def test_entry_point_names_the_defining_module(name, cls):
     info = next(i for i in plugins.describe("trainkit.parallel") if i.name == name)
-    assert info.value == f"{cls.__module__}:{cls.__qualname__}"
-    assert issubclass(cls, ParallelStrategy)
+    check_entry_point(info, ParallelStrategy)
 
 
 @pytest.mark.parametrize(("name", "cls"), STRATEGIES, ids=NAMES)
 def test_every_config_field_is_documented(name, cls):
-    config_class = cls.config_class
-    assert dataclasses.is_dataclass(config_class)
-    assert all(f.kw_only for f in dataclasses.fields(config_class))
-    undocumented = [field for field, doc in field_docs(config_class).items() if not doc.strip()]
-    assert not undocumented, f"{config_class.__name__} fields without a docstring: {undocumented}"
+    check_fields_are_documented(cls.config_class)
 
 
 @pytest.mark.parametrize(("name", "cls"), STRATEGIES, ids=NAMES)

@@ -105,6 +105,13 @@ def _check_alpha(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a non-negative number, got {value!r}")
 
 
+def _check_warmup(t_warmup: Time | str | int, scale_warmup: Any) -> None:
+    """The checks every warm-up schedule's config shares."""
+    ensure_time(t_warmup, "t_warmup")
+    if not isinstance(scale_warmup, bool):
+        raise ValueError(f"scale_warmup must be True or False, got {scale_warmup!r}")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from trainkit.core._state import State
 from trainkit.core._schedule_time import (
     _check_alpha,
+    _check_warmup,
     _cosine,
     _is_number,
     _multistep,
@@ -36,10 +37,8 @@ class _WarmupConfig:
 
     def __post_init__(self) -> None:
         _check_alpha("alpha_f", self.alpha_f)
-        ensure_time(self.t_warmup, "t_warmup")
+        _check_warmup(self.t_warmup, self.scale_warmup)
         ensure_time(self.t_max, "t_max")
-        if not isinstance(self.scale_warmup, bool):
-            raise ValueError(f"scale_warmup must be True or False, got {self.scale_warmup!r}")
 
 
 class _Warmup(Configurable):
@@ -155,10 +154,8 @@ class ConstantWithWarmupSchedulerConfig:
 
     def __post_init__(self) -> None:
         _check_alpha("alpha", self.alpha)
-        ensure_time(self.t_warmup, "t_warmup")
+        _check_warmup(self.t_warmup, self.scale_warmup)
         ensure_time(self.t_max, "t_max")
-        if not isinstance(self.scale_warmup, bool):
-            raise ValueError(f"scale_warmup must be True or False, got {self.scale_warmup!r}")
 
 
 class ConstantWithWarmupScheduler(Configurable, config=ConstantWithWarmupSchedulerConfig):
@@ -196,10 +193,8 @@ class MultiStepWithWarmupSchedulerConfig:
     def __post_init__(self) -> None:
         from trainkit.core.schedulers import MultiStepSchedulerConfig  # (imports this module)
 
-        ensure_time(self.t_warmup, "t_warmup")
+        _check_warmup(self.t_warmup, self.scale_warmup)
         MultiStepSchedulerConfig(milestones=self.milestones, gamma=self.gamma)
-        if not isinstance(self.scale_warmup, bool):
-            raise ValueError(f"scale_warmup must be True or False, got {self.scale_warmup!r}")
 
 
 class MultiStepWithWarmupScheduler(Configurable, config=MultiStepWithWarmupSchedulerConfig):
