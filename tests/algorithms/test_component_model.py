@@ -102,10 +102,20 @@ def test_unknown_keyword_raises_type_error_naming_the_fields(component):
         assert name in str(info.value)
 
 
-def test_positional_options_are_refused(component):
+def test_positional_options_are_refused_unless_declared(component):
     _, cls = component
-    with pytest.raises(TypeError, match=f"expected a {cls.config_class.__name__}"):
-        cls(0.5)
+    if not cls.positional:
+        with pytest.raises(TypeError, match=f"expected a {cls.config_class.__name__}"):
+            cls(0.5)
+        return
+    # A declared order (Composer's, for the stoppers) builds the same config as keywords.
+    required = _required(cls.config_class)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls.config_class)}
+    last = max(cls.positional.index(name) for name in required)
+    values = [required.get(name, defaults[name]) for name in cls.positional[: last + 1]]
+    assert cls(*values).config == cls(**required).config
+    with pytest.raises(TypeError, match="positional arguments"):
+        cls(*values, *[None] * (len(cls.positional) + 1 - len(values)))
 
 
 def test_every_config_field_has_a_docstring(component):

@@ -30,7 +30,7 @@ def _trainer(*callbacks, model=None, duration="4ba", optimizers=None, **kwargs):
 def test_lr_monitor_follows_the_schedule():
     trainer, memory = _trainer(LRMonitor(), schedulers=LinearScheduler(alpha_i=1.0, alpha_f=0.0))
     trainer.fit()
-    lrs = memory.history("lr/SGD/group0")
+    lrs = memory.history("lr-SGD/group0")
     assert [step for step, _ in lrs] == [1, 2, 3, 4]
     assert [round(lr, 6) for _, lr in lrs] == [0.075, 0.05, 0.025, 0.0]
 
@@ -47,10 +47,10 @@ def test_lr_monitor_names_repeated_optimizers_and_groups():
     second = torch.optim.SGD(model.module[0].parameters(), lr=0.2)
     trainer, memory = _trainer(LRMonitor(interval="2ba"), model=model, optimizers=[first, second])
     trainer.fit()
-    assert memory.latest["lr/SGD/group0"] == 0.1
-    assert memory.latest["lr/SGD/group1"] == 0.5
-    assert memory.latest["lr/SGD.1/group0"] == 0.2
-    assert [step for step, _ in memory.history("lr/SGD/group0")] == [2, 4]
+    assert memory.latest["lr-SGD/group0"] == 0.1
+    assert memory.latest["lr-SGD/group1"] == 0.5
+    assert memory.latest["lr-SGD.1/group0"] == 0.2
+    assert [step for step, _ in memory.history("lr-SGD/group0")] == [2, 4]
 
 
 def test_optimizer_monitor_measures_the_final_gradients_and_parameters():

@@ -13,13 +13,28 @@ Mode = Literal["max", "min"]
 _LOWER_IS_BETTER = ("loss", "entropy", "perplexity", "error", "mse", "mae")
 
 
-def check_mode(monitor: str, mode: Mode | None) -> Mode:
-    """``mode`` as given, or inferred: "min" for losses, errors and perplexities, else "max"."""
+# Composer's ``comp`` strings mean the same directions.
+_ALIASES: dict[str, Mode] = {
+    "max": "max",
+    "gt": "max",
+    "greater": "max",
+    "min": "min",
+    "lt": "min",
+    "less": "min",
+}
+
+
+def check_mode(monitor: str, mode: str | None) -> Mode:
+    """``mode`` as given (Composer's ``comp`` strings "gt"/"greater", "lt"/"less" accepted),
+    or inferred: "min" for losses, errors and perplexities, else "max"."""
     if mode is None:
         return "min" if any(word in monitor.lower() for word in _LOWER_IS_BETTER) else "max"
-    if mode not in ("max", "min"):
-        raise ValueError(f"mode {mode!r} is not one of 'max', 'min' (or None to infer it)")
-    return mode
+    if not isinstance(mode, str) or mode.lower() not in _ALIASES:
+        raise ValueError(
+            f"mode {mode!r} is not one of 'max', 'min' (Composer's 'gt', 'greater', 'lt', "
+            "'less' also work), or None to infer it; a comparison function is not accepted"
+        )
+    return _ALIASES[mode.lower()]
 
 
 def check_monitor(state: State, label: str, monitor: str, who: str) -> None:

@@ -2,9 +2,9 @@
 
 A `Callback` (entry-point group ``trainkit.callbacks``). The metric is read after every
 evaluation (``dataloader_label`` names the eval set) or, for ``"train"``, at the end of
-every epoch. Training stops (``state.stop_training()``) once ``patience`` has passed since
-the best value: a number of checks, or a time in epochs or batches. Its state is saved
-with the run, so a resumed run remembers the best value.
+every epoch. Training stops (``state.stop_training()``) once more than ``patience`` (epochs,
+or a time in epochs or batches) has passed since the best value, as Composer's. Its state
+is saved with the run, so a resumed run remembers the best value.
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ class EarlyStopperConfig:
     """Name of the metric to watch (as the model's ``get_metrics`` names it, e.g. "accuracy")."""
     dataloader_label: str = "eval"
     """Eval set whose metric is watched, or "train" for the training metric."""
-    mode: Mode | None = None
-    """"max" or "min"; None: "min" for names with loss, entropy, perplexity or error, else
-    "max" (the stopper's ``mode`` is the one in use)."""
+    mode: str | None = None
+    """"max" or "min" (Composer's ``comp`` strings "gt"/"greater", "lt"/"less" work too);
+    None: "min" for names with loss, entropy, perplexity or error, else "max" (the
+    stopper's ``mode`` is the one in use)."""
     min_delta: float = 0.0
     """A change must beat the best by more than this to count as improvement; >= 0."""
     patience: int | str = 1
-    """Checks without improvement before stopping (an int), or a time ('2ep', '500ba')."""
+    """How long the metric may go without improving: stop once more than this has passed
+    since the best value. An int counts epochs (as Composer); or a time ('2ep', '500ba')."""
 
     def __post_init__(self) -> None:
         check_mode(self.monitor, self.mode)
@@ -50,23 +52,30 @@ class EarlyStopperConfig:
                 )
 
 
-class EarlyStopper(Callback, config=EarlyStopperConfig):
-    """Stops training when ``monitor`` stops improving (see `EarlyStopperConfig`)."""
+class EarlyStopper(
+    Callback,
+    config=EarlyStopperConfig,
+    positional=("monitor", "dataloader_label", "mode", "min_delta", "patience"),
+):
+    """Stops training when ``monitor`` stops improving (see `EarlyStopperConfig`).
+
+    Composer's positional order works: ``EarlyStopper("MulticlassAccuracy", "eval")``.
+    """
 
     config: EarlyStopperConfig
 
-    def __init__(self, config: EarlyStopperConfig | None = None, /, **options: Any) -> None:
-        super().__init__(config, **options)
+    def __init__(
+        self, config: EarlyStopperConfig | None = None, /, *values: Any, **options: Any
+    ) -> None:
+        super().__init__(config, *values, **options)
         cfg = self.config
         self.mode: Mode = check_mode(cfg.monitor, cfg.mode)
         """The direction in use: the configured ``mode``, or the one inferred from the name."""
         self.best: float | None = None
-        self.best_at = 0  # in checks, epochs or batches (the unit of patience)
+        self.best_at = 0  # in epochs or batches (the unit of patience)
         self.checks = 0
-        patience = cfg.patience
-        patience_time = ensure_time(patience, "patience") if isinstance(patience, str) else None
-        self._unit = patience_time.unit if patience_time else None
-        self._patience = patience_time.value if patience_time else int(patience)
+        patience = ensure_time(cfg.patience, "patience")
+        self._unit, self._patience = patience.unit, patience.value
 
     def fit_start(self, state: State, logger: Logger) -> None:
         check_monitor(state, self.config.dataloader_label, self.config.monitor, "EarlyStopper")
@@ -83,10 +92,10 @@ class EarlyStopper(Callback, config=EarlyStopperConfig):
         cfg = self.config
         value = read_metric(state, cfg.dataloader_label, cfg.monitor)
         self.checks += 1
-        now = self.checks if self._unit is None else state.timestamp.get(self._unit)
+        now = state.timestamp.get(self._unit)
         if improves(value, self.best, self.mode, cfg.min_delta):
             self.best, self.best_at = value, now
-        elif now - self.best_at >= self._patience:
+        elif now - self.best_at > self._patience:
             logger.log_metrics({"early_stopper/stopped_at_batch": state.timestamp.batch})
             state.stop_training()
 

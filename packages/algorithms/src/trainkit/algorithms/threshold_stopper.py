@@ -2,8 +2,9 @@
 
 A `Callback` (entry-point group ``trainkit.callbacks``). The metric is read after every
 evaluation (``dataloader_label`` names the eval set) or, for ``"train"``, at the end of
-every epoch; once it is at or beyond ``threshold`` (above for "max", below for "min"),
-training stops (``state.stop_training()``) after the current batch.
+every epoch (or every batch, with ``stop_on_batch``); once it is beyond ``threshold``
+(strictly above for "max", below for "min", as Composer's), training stops
+(``state.stop_training()``) after the current batch.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ class ThresholdStopperConfig:
     """Stop once the metric reaches this value; finite."""
     dataloader_label: str = "eval"
     """Eval set whose metric is watched, or "train" for the training metric."""
-    mode: Mode | None = None
-    """"max": stop at values >= threshold; "min": at values <= threshold; None infers
-    "min" for names with loss, entropy, perplexity or error, else "max"."""
+    mode: str | None = None
+    """"max": stop at values > threshold; "min": at values < threshold (Composer's ``comp``
+    strings "gt"/"greater", "lt"/"less" work too); None infers "min" for names with loss,
+    entropy, perplexity or error, else "max"."""
+    stop_on_batch: bool = False
+    """For a training metric (``dataloader_label="train"``), check after every batch
+    instead of every epoch."""
 
     def __post_init__(self) -> None:
         check_mode(self.monitor, self.mode)
@@ -36,13 +41,22 @@ class ThresholdStopperConfig:
             raise ValueError(f"threshold must be a finite number, got {self.threshold!r}")
 
 
-class ThresholdStopper(Callback, config=ThresholdStopperConfig):
-    """Stops training once ``monitor`` reaches ``threshold`` (see `ThresholdStopperConfig`)."""
+class ThresholdStopper(
+    Callback,
+    config=ThresholdStopperConfig,
+    positional=("monitor", "dataloader_label", "threshold"),
+):
+    """Stops training once ``monitor`` passes ``threshold`` (see `ThresholdStopperConfig`).
+
+    Composer's positional order works: ``ThresholdStopper("MulticlassAccuracy", "eval", 0.9)``.
+    """
 
     config: ThresholdStopperConfig
 
-    def __init__(self, config: ThresholdStopperConfig | None = None, /, **options: Any) -> None:
-        super().__init__(config, **options)
+    def __init__(
+        self, config: ThresholdStopperConfig | None = None, /, *values: Any, **options: Any
+    ) -> None:
+        super().__init__(config, *values, **options)
         self.mode: Mode = check_mode(self.config.monitor, self.config.mode)
         """The direction in use: the configured ``mode``, or the one inferred from the name."""
 
@@ -50,7 +64,11 @@ class ThresholdStopper(Callback, config=ThresholdStopperConfig):
         check_monitor(state, self.config.dataloader_label, self.config.monitor, "ThresholdStopper")
 
     def epoch_end(self, state: State, logger: Logger) -> None:
-        if self.config.dataloader_label == "train":
+        if self.config.dataloader_label == "train" and not self.config.stop_on_batch:
+            self._check(state)
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self.config.dataloader_label == "train" and self.config.stop_on_batch:
             self._check(state)
 
     def eval_after_all(self, state: State, logger: Logger) -> None:
@@ -60,6 +78,6 @@ class ThresholdStopper(Callback, config=ThresholdStopperConfig):
     def _check(self, state: State) -> None:
         cfg = self.config
         value = read_metric(state, cfg.dataloader_label, cfg.monitor)
-        reached = value >= cfg.threshold if self.mode == "max" else value <= cfg.threshold
+        reached = value > cfg.threshold if self.mode == "max" else value < cfg.threshold
         if reached:
             state.stop_training()

@@ -7,6 +7,8 @@ engine checks each component when it is registered (`trainkit.core._checks`).
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from trainkit.core._event import Event
@@ -18,7 +20,15 @@ if TYPE_CHECKING:
     from trainkit.core._logger import Logger
     from trainkit.core._state import State
 
-__all__ = ["ORDERS", "Algorithm", "Callback", "Order", "RequiredEvents", "Stateful"]
+__all__ = [
+    "ORDERS",
+    "Algorithm",
+    "Callback",
+    "Order",
+    "RequiredEvents",
+    "Stateful",
+    "call_close",
+]
 
 Order = Literal["first", "default", "last"]
 """Where an algorithm runs among those that match an event (stable within each)."""
@@ -91,8 +101,14 @@ class Callback(Configurable):
         """Call the method named after ``event``; override to handle every event in one place."""
         getattr(self, event.value)(state, logger)
 
-    def close(self) -> None:
-        """Release resources at the end of the run (files, threads, connections)."""
+    def close(self, state: State, logger: Logger) -> None:
+        """Finish at the end of the run: flush, wait for background work, release files,
+        threads and connections (`Trainer.close`). An error here is raised after every
+        other component has been closed."""
+
+    def post_close(self) -> None:
+        """Called after every callback and destination has closed (skipped for one whose
+        `close` raised): e.g. to remove what others still needed at close."""
 
     def state_dict(self) -> dict[str, Any]:
         """State saved with the run (default: none)."""
@@ -199,6 +215,12 @@ class Callback(Configurable):
     def eval_after_all(self, state: State, logger: Logger) -> None:
         """Called at `Event.EVAL_AFTER_ALL`."""
 
+    def eval_standalone_start(self, state: State, logger: Logger) -> None:
+        """Called at `Event.EVAL_STANDALONE_START`."""
+
+    def eval_standalone_end(self, state: State, logger: Logger) -> None:
+        """Called at `Event.EVAL_STANDALONE_END`."""
+
     def predict_start(self, state: State, logger: Logger) -> None:
         """Called at `Event.PREDICT_START`."""
 
@@ -230,3 +252,27 @@ def overrides(obj: object, event: Event) -> bool:
         return True
     method = getattr(cls, event.value, None)
     return callable(method) and method is not getattr(Callback, event.value, None)
+
+
+def call_close(obj: object, state: State | None, logger: Logger | None) -> bool:
+    """Call ``obj.close(state, logger)``; a duck-typed ``close()`` without arguments (a file
+    handle's, an older callback's) is called without them. Returns whether it had one."""
+    close = getattr(obj, "close", None)
+    if not callable(close):
+        return False
+    if _close_takes_arguments(type(obj)):
+        close(state, logger)
+    else:
+        close()
+    return True
+
+
+@functools.cache
+def _close_takes_arguments(cls: type) -> bool:
+    try:
+        inspect.signature(cls.close).bind(None, None, None)  # (self, state, logger)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): assume the plain protocol
+        return True
+    return True

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainkit.core._callback import ORDERS, Algorithm, Callback, overrides
+from trainkit.core._callback import ORDERS, Algorithm, call_close, overrides
 from trainkit.core._checks import check_algorithm, check_listener, declared_required_events
 from trainkit.core._event import Event
 
@@ -84,6 +84,10 @@ class Engine:
         self._algorithms_key: tuple[int, int] = (0, -1)
         self._ranked: list[Algorithm] = []
         self._checked_setup = False
+        self._closed = False
+        self.log_traces = False
+        """Send each event's algorithm runs to the logger (``algorithm_traces/<name>/<event>``:
+        the algorithm's int return value, or 1) -- the Trainer's ``log_traces``."""
         self._sync_algorithms()
         self._listeners_for(Event.INIT)  # checks the callbacks and destinations now
 
@@ -135,6 +139,15 @@ class Engine:
             trace = Trace(_name(algorithm), event, order, exit_code, time.perf_counter() - start)
             traces.append(trace)
             self.history.append(trace)
+        if self.log_traces and traces:
+            logger.log_traces(
+                {
+                    f"algorithm_traces/{t.name}/{t.event.value}": 1
+                    if t.exit_code is None
+                    else t.exit_code
+                    for t in traces
+                }
+            )
         return traces
 
     def _is_destination_only(self, listener: object) -> bool:
@@ -201,20 +214,45 @@ class Engine:
         return problems
 
     def close(self) -> None:
-        """Check required events (if anything trained), then close callbacks and destinations."""
+        """End the run's components, once: check required events (if anything trained), then
+        ``close(state, logger)`` every callback and destination, then ``post_close()`` those
+        that closed cleanly (as Composer). Every component is closed even when one fails;
+        then the first callback error is raised (a destination's is reported as a warning,
+        like its other failures)."""
+        if self._closed:
+            return
+        self._closed = True
         if Event.BATCH_START in self.fired:  # an eval- or predict-only use needs no training events
             self.check_required_events()
-        closed = set(map(id, self.logger.destinations))
-        for callback in self.state.callbacks:
-            if id(callback) not in closed and _closes(callback):
-                closed.add(id(callback))
-                callback.close()
-        self.logger.close()
-
-
-def _closes(callback: object) -> bool:
-    # Duck-typed callbacks may have a close() of their own.
-    return isinstance(callback, Callback) or callable(getattr(type(callback), "close", None))
+        state, logger = self.state, self.logger
+        unique = {id(c): c for c in [*state.callbacks, *logger.destinations]}
+        errors: list[tuple[object, str, Exception]] = []
+        closed = []
+        for component in unique.values():
+            try:
+                if call_close(component, state, logger):
+                    closed.append(component)
+            except Exception as err:
+                errors.append((component, "close", err))
+        for component in closed:
+            post_close = getattr(component, "post_close", None)
+            try:
+                if callable(post_close):
+                    post_close()
+            except Exception as err:
+                errors.append((component, "post_close", err))
+        raised = []
+        for component, method, err in errors:
+            if self._is_destination_only(component):
+                logger.report_failure(component, method, err)
+            else:
+                raised.append((component, method, err))
+        if raised:
+            (component, method, err), *others = raised
+            wrapped = CallbackError(f"callback {_name(component)}.{method}() failed: {err!r}")
+            for other, other_method, other_err in others:
+                wrapped.add_note(f"also failed: {_name(other)}.{other_method}(): {other_err!r}")
+            raise wrapped from err
 
 
 def _handler(listener: object, event: Event) -> Callable[..., None]:

@@ -12,6 +12,9 @@ class Event(StrEnum):
 
     Forward, loss and backward events fire once per microbatch. The ``*_CHECKPOINT``
     events fire after evaluation at the same point, so a checkpoint holds the eval result.
+    An evaluation during ``fit`` is wrapped in ``EVAL_BEFORE_ALL`` / ``EVAL_AFTER_ALL``; one
+    asked for by ``Trainer.eval()`` in ``EVAL_STANDALONE_START`` / ``EVAL_STANDALONE_END``
+    instead (as Composer). Both run ``EVAL_START`` ... ``EVAL_END`` for each evaluator.
     """
 
     INIT = "init"
@@ -46,6 +49,8 @@ class Event(StrEnum):
     EVAL_BATCH_END = "eval_batch_end"
     EVAL_END = "eval_end"
     EVAL_AFTER_ALL = "eval_after_all"
+    EVAL_STANDALONE_START = "eval_standalone_start"
+    EVAL_STANDALONE_END = "eval_standalone_end"
     PREDICT_START = "predict_start"
     PREDICT_BATCH_START = "predict_batch_start"
     PREDICT_BEFORE_FORWARD = "predict_before_forward"

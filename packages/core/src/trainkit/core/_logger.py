@@ -42,8 +42,16 @@ class LoggerDestination(Configurable):
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         """Copy a local file to wherever this destination keeps artifacts."""
 
-    def close(self) -> None:
-        """Flush and release resources."""
+    def log_traces(self, traces: Mapping[str, Any], step: int) -> None:
+        """Record which algorithms ran at an event (``algorithm_traces/<name>/<event>``);
+        sent only when the Trainer's ``log_traces`` is on. Default: as metrics."""
+        self.log_metrics(traces, step)
+
+    def close(self, state: State, logger: Logger) -> None:
+        """Flush and release resources at the end of the run."""
+
+    def post_close(self) -> None:
+        """Called after every callback and destination has closed."""
 
 
 class Logger:
@@ -98,5 +106,15 @@ class Logger:
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         self._fan_out("upload_file", name, path, overwrite)
 
+    def log_traces(self, traces: Mapping[str, Any], step: int | None = None) -> None:
+        self._fan_out("log_traces", traces, self._step(step))
+
     def close(self) -> None:
-        self._fan_out("close")
+        """Close every destination (`Engine.close` does this at the end of a run)."""
+        from trainkit.core._callback import call_close
+
+        for dest in self.destinations:
+            try:
+                call_close(dest, self.state, self)
+            except Exception as err:
+                self.report_failure(dest, "close", err)

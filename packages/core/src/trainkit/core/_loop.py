@@ -22,6 +22,7 @@ around its own step (see the README: "Write your own trainer")::
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -93,17 +94,21 @@ def prepare_run(
 
 
 def epoch_batches(state: State, engine: Engine) -> Iterator[Any]:
-    """The current epoch's remaining batches: all of them, or after a resume the rest.
+    """The current epoch's remaining batches: all of them (at most
+    ``state.train_subset_num_batches``), or after a resume the rest.
 
     Fires EPOCH_START (only when the epoch begins), then BEFORE_DATALOADER and
     AFTER_DATALOADER around each batch, which is also put in ``state.batch``.
     """
     assert state.train_data is not None, "epoch_batches needs state.train_data"
-    if state.timestamp.batch_in_epoch == 0:
+    done = state.timestamp.batch_in_epoch
+    if done == 0:
         for metric in state.train_metrics.values():
             metric.reset()
         engine.run_event(Event.EPOCH_START)
-    iterator = state.train_data.iter_epoch(state.timestamp.epoch, state.timestamp.batch_in_epoch)
+    iterator = state.train_data.iter_epoch(state.timestamp.epoch, done)
+    if state.train_subset_num_batches is not None:
+        iterator = itertools.islice(iterator, max(0, state.train_subset_num_batches - done))
     while True:
         engine.run_event(Event.BEFORE_DATALOADER)
         try:

@@ -63,6 +63,8 @@ class ProgressLines(Callback, LoggerDestination, config=ProgressLinesConfig):
             line = self._format("metrics/", exclude="metrics/train/")
             self._print(f"[eval at batch {state.timestamp.batch}] {line}")
 
+    eval_standalone_end = eval_after_all  # Trainer.eval()
+
     def _format(self, prefix: str, exclude: str | None = None) -> str:
         return "  ".join(
             f"{k}: {float(v):.4f}"

@@ -279,5 +279,45 @@ def progress_destination(data: DataSpec | None) -> LoggerDestination:
     return ProgressLines()
 
 
+def console_destination(interval: Any) -> LoggerDestination:
+    """trainkit-loggers' console lines every ``interval`` (the Trainer's ``log_to_console``)."""
+    if "console" not in plugins.available("trainkit.loggers"):
+        raise ImportError(
+            "log_to_console=True prints through trainkit-loggers' console destination, and "
+            "trainkit-loggers is not installed: `pip install trainkit-loggers` (or leave "
+            "log_to_console off; progress_bar=True prints progress lines with core alone)"
+        )
+    return plugins.load("trainkit.loggers", "console")(interval=interval)
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def check_python_log_level(level: Any) -> str | None:
+    if level is None:
+        return None
+    if not isinstance(level, str) or level.lower() not in _LOG_LEVELS:
+        raise ValueError(
+            f"python_log_level {level!r} is not a logging level; use one of {list(_LOG_LEVELS)} "
+            "or None"
+        )
+    return level.lower()
+
+
+def set_python_log_level(level: str | None) -> None:
+    """Set the ``trainkit`` loggers' level; give the program a rank-prefixed handler if it
+    has none (as Composer's ``python_log_level``)."""
+    if level is None:
+        return
+    import logging
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            format=f"%(asctime)s: rank{dist.get_rank()}[%(process)d][%(threadName)s]: "
+            "%(levelname)s: %(name)s: %(message)s"
+        )
+    logging.getLogger("trainkit").setLevel(level.upper())
+
+
 def default_run_name() -> str:
     return dist.broadcast_object(time.strftime("run-%Y%m%d-%H%M%S"))

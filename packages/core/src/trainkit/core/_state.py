@@ -18,22 +18,49 @@ from trainkit.core._precision import Precision
 from trainkit.core._rng import get_rng_state, set_rng_state
 from trainkit.core._time import Time, Timestamp, TimeUnit
 
-__all__ = ["Evaluator", "State"]
+__all__ = ["Evaluator", "State", "check_subset_num_batches"]
 
 
 @dataclass(kw_only=True)
 class Evaluator:
-    """An evaluation data set and the metrics to compute on it.
+    """An evaluation data set, the metrics to compute on it, and when.
 
     Args:
         label: name used in logged metric keys (``metrics/<label>/<metric>``).
-        data: the eval batches.
+        data: the eval batches: a `DataSpec`, a `DataLoader` or any re-iterable of batches
+            (Composer's ``dataloader=``).
         metric_names: which of the model's eval metrics to compute (default: all).
+        subset_num_batches: evaluate on the first this many batches only (None or -1: all;
+            default: the Trainer's ``eval_subset_num_batches``).
+        eval_interval: when this evaluator runs during ``fit``, as the Trainer's
+            ``eval_interval`` (default: that one).
     """
 
     label: str
     data: DataSpec
     metric_names: Sequence[str] | None = None
+    subset_num_batches: int | None = None
+    eval_interval: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, DataSpec):
+            from trainkit.core._setup import to_dataspec
+
+            self.data = to_dataspec(self.data, f"evaluator {self.label!r} data")
+        self.subset_num_batches = check_subset_num_batches(
+            self.subset_num_batches, f"evaluator {self.label!r} subset_num_batches"
+        )
+
+
+def check_subset_num_batches(value: Any, what: str) -> int | None:
+    """None or -1 (Composer's spelling) mean all batches; else a positive int."""
+    if value is None or (type(value) is int and value == -1):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"{what} must be a positive number of batches, or None / -1 for all, got {value!r}"
+        )
+    return value
 
 
 @dataclass(eq=False, kw_only=True)
@@ -61,6 +88,8 @@ class State:
     device_train_microbatch_size: int | None = None
     auto_microbatching: bool = False
     parallelism: ParallelStrategy = field(default_factory=SingleProcess)
+    train_subset_num_batches: int | None = None
+    """End every training epoch after this many batches (None: the whole loader)."""
     data_parallel_size: int = 1
     """How many ranks read distinct data (from the strategy, set once by `prepare_run`)."""
     run_name: str = "run"
@@ -69,6 +98,8 @@ class State:
     timestamp: Timestamp = field(default_factory=Timestamp)
     train_metrics: dict[str, Any] = field(default_factory=dict)
     eval_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dataloader_label: str = "train"
+    """Which data the loop reads now: ``"train"``, or the label of the evaluator running."""
     # Set per (micro)batch by the loop.
     batch: Any = None
     outputs: Any = None
@@ -93,8 +124,12 @@ class State:
 
     @property
     def dataloader_len(self) -> int | None:
-        """Batches per training epoch, when the data has a length."""
-        return self.train_data.length if self.train_data is not None else None
+        """Batches per training epoch (at most ``train_subset_num_batches``), when known."""
+        length = self.train_data.length if self.train_data is not None else None
+        subset = self.train_subset_num_batches
+        if subset is None:
+            return length
+        return subset if length is None else min(length, subset)
 
     def stop_training(self) -> None:
         """Stop after the current batch (its end-of-batch events and checkpoints still run)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -168,34 +169,52 @@ def scheduler_step(state: State) -> None:
 
 
 def evaluate(
-    state: State, engine: Engine, evaluators: Iterable[Evaluator] | None = None
+    state: State,
+    engine: Engine,
+    evaluators: Iterable[Evaluator] | None = None,
+    *,
+    standalone: bool = False,
+    subset_num_batches: int | None = None,
 ) -> dict[str, Any]:
-    """Run every evaluator; log and return ``{"metrics/<label>/<name>": value}``."""
+    """Run every evaluator; log and return ``{"metrics/<label>/<name>": value}``.
+
+    The evaluation is wrapped in EVAL_BEFORE_ALL / EVAL_AFTER_ALL, or with ``standalone``
+    (an evaluation outside ``fit``, as `Trainer.eval`) in EVAL_STANDALONE_START / _END.
+    Each evaluator reads at most ``subset_num_batches`` batches (default: its own
+    ``subset_num_batches``; None: all).
+    """
     evaluators = state.evaluators if evaluators is None else list(evaluators)
     model = state.parallelism.unwrap(state.model)
     was_training = model.training
     results: dict[str, Any] = {}
-    engine.run_event(Event.EVAL_BEFORE_ALL)
+    engine.run_event(Event.EVAL_STANDALONE_START if standalone else Event.EVAL_BEFORE_ALL)
     model.eval()
+    label = state.dataloader_label
     try:
         for evaluator in evaluators:
-            results.update(_evaluate_one(state, engine, model, evaluator))
+            limit = subset_num_batches or evaluator.subset_num_batches
+            state.dataloader_label = evaluator.label
+            results.update(_evaluate_one(state, engine, model, evaluator, limit))
     finally:
         model.train(was_training)
-    engine.run_event(Event.EVAL_AFTER_ALL)
+        state.dataloader_label = label
+    engine.run_event(Event.EVAL_STANDALONE_END if standalone else Event.EVAL_AFTER_ALL)
     return results
 
 
 def _evaluate_one(
-    state: State, engine: Engine, model: nn.Module, evaluator: Evaluator
+    state: State, engine: Engine, model: nn.Module, evaluator: Evaluator, limit: int | None
 ) -> dict[str, Any]:
     metrics = state.eval_metrics[evaluator.label]
     for metric in metrics.values():
         metric.reset()
     engine.run_event(Event.EVAL_START)
     data = evaluator.data
+    batches = data.iter_epoch(0)
+    if limit is not None:
+        batches = itertools.islice(batches, limit)
     with torch.no_grad():
-        for batch in data.iter_epoch(0):
+        for batch in batches:
             state.batch = data.device_transfer(batch, state.device)
             engine.run_event(Event.EVAL_BATCH_START)
             engine.run_event(Event.EVAL_BEFORE_FORWARD)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Sequence
@@ -29,12 +30,14 @@ from trainkit.core._precision import (
     resolve_device,
 )
 from trainkit.core._rng import random_seed, seed_everything
-from trainkit.core._state import State
+from trainkit.core._state import State, check_subset_num_batches
 from trainkit.core._step import eval_forward, evaluate, optimizer_step, train_batch
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core.config import Configurable, slot, to_plain
 
 __all__ = ["Trainer", "TrainerConfig"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -75,7 +78,14 @@ class TrainerConfig:
     ``{label: loader}``."""
     eval_interval: Time | str | int | IntervalTrigger = "1ep"
     """A duration (``"1ep"``, ``"500ba"``, ``"0.25dur"``) or a callable
-    ``(state, event) -> bool``. Training always ends with an evaluation."""
+    ``(state, event) -> bool``. Training always ends with an evaluation. An `Evaluator`
+    may set its own."""
+    eval_subset_num_batches: int | None = None
+    """Evaluate on the first this many batches of each eval loader (None or -1: all). An
+    `Evaluator` may set its own."""
+    train_subset_num_batches: int | None = None
+    """End every training epoch after this many batches (None or -1: the whole loader);
+    epochs then count these shorter passes."""
     precision: str | Precision | None = "fp32"
     """``"fp32"``, ``"amp_bf16"``, ``"amp_fp16"`` (CUDA, with a grad scaler), or a
     `Precision` object."""
@@ -93,6 +103,19 @@ class TrainerConfig:
     """Use deterministic kernels only (slower, bitwise reproducible on GPU)."""
     progress_bar: bool = True
     """Show progress (trainkit-loggers' bar when installed, else plain lines)."""
+    log_to_console: bool = False
+    """Print the logged metrics as lines (trainkit-loggers' ``console`` destination), every
+    ``console_log_interval``."""
+    console_log_interval: Time | str | int = "1ba"
+    """How often ``log_to_console`` prints: ``"1ba"``, ``"100ba"``, ``"1ep"``, ... (an int
+    counts epochs)."""
+    log_traces: bool = False
+    """Log which algorithms ran at each event, as ``algorithm_traces/<name>/<event>`` (the
+    algorithm's int return value, or 1), to every logger destination."""
+    python_log_level: str | None = None
+    """Level of the ``trainkit`` Python loggers (``"debug"``, ``"info"``, ``"warning"``,
+    ...); a handler that prefixes the rank is installed when the program has none.
+    None leaves Python logging as the program set it."""
     run_name: str | None = None
     """Name of the run (default: from the start time)."""
 
@@ -105,6 +128,14 @@ class TrainerConfig:
         check_device(self.device)
         setup.check_microbatch_size(self.device_train_microbatch_size, None)
         setup.check_scale_schedule_ratio(self.scale_schedule_ratio)
+        self.eval_subset_num_batches = check_subset_num_batches(
+            self.eval_subset_num_batches, "eval_subset_num_batches"
+        )
+        self.train_subset_num_batches = check_subset_num_batches(
+            self.train_subset_num_batches, "train_subset_num_batches"
+        )
+        interval_trigger(self.console_log_interval)
+        setup.check_python_log_level(self.python_log_level)
 
 
 class Trainer(Configurable, config=TrainerConfig):
@@ -122,6 +153,7 @@ class Trainer(Configurable, config=TrainerConfig):
         model = config.model
         setup.check_model(model)
         _join_launched_group(config.device)  # before the seed is agreed and the device picked
+        setup.set_python_log_level(config.python_log_level)
         parallelism = _resolve_parallelism(config.parallelism, model)
         device = resolve_device(config.device, dist.get_local_rank())
         precision = make_precision(config.precision, device)
@@ -139,10 +171,22 @@ class Trainer(Configurable, config=TrainerConfig):
         if config.deterministic:
             _set_deterministic(device)
         evaluators = setup.make_evaluators(config.eval_dataloader)
-        self._eval_trigger = interval_trigger(config.eval_interval)
+        if config.eval_subset_num_batches is not None and not evaluators:
+            raise ValueError(
+                f"eval_subset_num_batches={config.eval_subset_num_batches} without "
+                "eval_dataloader has nothing to limit; give eval_dataloader or leave it unset"
+            )
+        for evaluator in evaluators:
+            if evaluator.subset_num_batches is None:
+                evaluator.subset_num_batches = config.eval_subset_num_batches
+        self._eval_triggers = [
+            (e, interval_trigger(e.eval_interval or config.eval_interval)) for e in evaluators
+        ]
         destinations = list(config.loggers)
         if config.progress_bar:
             destinations.append(setup.progress_destination(train_data))
+        if config.log_to_console:
+            destinations.append(setup.console_destination(config.console_log_interval))
 
         optimizers = (
             setup.make_optimizers(config.optimizers, model) if config.optimizers is not None else []
@@ -162,9 +206,11 @@ class Trainer(Configurable, config=TrainerConfig):
             run_name=config.run_name or setup.default_run_name(),
             algorithms=list(config.algorithms),
             callbacks=list(config.callbacks),
+            train_subset_num_batches=config.train_subset_num_batches,
         )
         self.logger = Logger(destinations, state)
         self.engine = Engine(state, self.logger)
+        self.engine.log_traces = config.log_traces
         prepare_run(
             state,
             self.engine,
@@ -173,7 +219,17 @@ class Trainer(Configurable, config=TrainerConfig):
             step_schedulers_every_batch=config.step_schedulers_every_batch,
         )
         self.logger.log_hyperparameters(self.hyperparameters())  # destinations started at INIT
-        self._last_eval_batch = -1
+        log.info(
+            "run %s: %d rank(s), device %s, precision %s, %s, %d algorithm(s), %d callback(s)",
+            state.run_name,
+            state.world_size,
+            device,
+            state.precision.name,
+            type(state.parallelism).__name__,
+            len(state.algorithms),
+            len(state.callbacks),
+        )
+        self._last_eval_batch: dict[str, int] = {}
         self.last_eval: dict[str, Any] = {}
         """Metrics of the most recent evaluation (during fit or by `eval`)."""
 
@@ -201,6 +257,12 @@ class Trainer(Configurable, config=TrainerConfig):
         # distinct data streams there are.
         state.clear_stop()
         state.model.train()
+        log.info(
+            "fit from epoch %d batch %d until %s",
+            state.timestamp.epoch,
+            state.timestamp.batch,
+            state.max_duration,
+        )
         self.engine.run_event(Event.FIT_START)
         self.engine.run_event(Event.ITERATION_START)
         while not state.is_done() and not state.stop_requested:
@@ -209,6 +271,12 @@ class Trainer(Configurable, config=TrainerConfig):
             self.engine.run_event(Event.ITERATION_END)
             self.engine.run_event(Event.ITERATION_CHECKPOINT)
         self.engine.run_event(Event.FIT_END)
+        log.info(
+            "fit ended at epoch %d batch %d (%s)",
+            state.timestamp.epoch,
+            state.timestamp.batch,
+            "done" if state.is_done() else "stop requested",
+        )
 
     def _train_epoch(self) -> None:
         state, engine = self.state, self.engine
@@ -234,20 +302,29 @@ class Trainer(Configurable, config=TrainerConfig):
         engine.run_event(Event.EPOCH_CHECKPOINT)
 
     def _maybe_eval(self, event: Event) -> None:
-        state = self.state
-        if (
-            state.evaluators
-            and self._last_eval_batch != state.timestamp.batch
-            and self._eval_trigger(state, event)
-        ):
-            self._last_eval_batch = state.timestamp.batch
-            self.last_eval = evaluate(state, self.engine)
+        if not self._eval_triggers:
+            return
+        state, batch = self.state, self.state.timestamp.batch
+        due = [
+            evaluator
+            for evaluator, trigger in self._eval_triggers
+            if self._last_eval_batch.get(evaluator.label) != batch and trigger(state, event)
+        ]
+        if due:
+            for evaluator in due:
+                self._last_eval_batch[evaluator.label] = batch
+            self.last_eval = {**self.last_eval, **evaluate(state, self.engine, due)}
 
     # --- evaluation and prediction ---------------------------------------------------------
 
-    def eval(self, eval_dataloader: Any = None) -> dict[str, Any]:
-        """Evaluate now on the Trainer's eval data (or on ``eval_dataloader``); returns the metrics."""
+    def eval(
+        self, eval_dataloader: Any = None, subset_num_batches: int | None = None
+    ) -> dict[str, Any]:
+        """Evaluate now on the Trainer's eval data (or on ``eval_dataloader``), on at most
+        ``subset_num_batches`` batches of each (default: each evaluator's own); returns the
+        metrics. Fires EVAL_STANDALONE_START / EVAL_STANDALONE_END around it."""
         state = self.state
+        subset = check_subset_num_batches(subset_num_batches, "subset_num_batches")
         if eval_dataloader is not None:
             evaluators = setup.make_evaluators(eval_dataloader)
             unwrapped = state.parallelism.unwrap(state.model)
@@ -258,7 +335,9 @@ class Trainer(Configurable, config=TrainerConfig):
             raise ValueError(
                 "nothing to evaluate on: pass eval_dataloader to Trainer(...) or to eval(...)"
             )
-        self.last_eval = evaluate(state, self.engine, evaluators)
+        self.last_eval = evaluate(
+            state, self.engine, evaluators, standalone=True, subset_num_batches=subset
+        )
         return self.last_eval
 
     def predict(self, dataloader: Any, *, return_outputs: bool = True) -> list[Any]:

@@ -139,24 +139,58 @@ class Configurable:
 
     config_class: ClassVar[type[Any] | None] = None
     config: Any = None  # also for subclasses whose __init__ does not call super().__init__
+    positional: ClassVar[tuple[str, ...]] = ()
+    """Fields that may also be given by position, in this order (``class X(Base,
+    config=XConfig, positional=("monitor", ...))``), e.g. to accept a Composer call's
+    positional arguments; a subclass's ``__init__`` then passes ``*values`` through."""
 
-    def __init_subclass__(cls, *, config: type | None = None, **kwargs: Any) -> None:
+    def __init_subclass__(
+        cls, *, config: type | None = None, positional: tuple[str, ...] = (), **kwargs: Any
+    ) -> None:
         super().__init_subclass__(**kwargs)
         if config is not None:
             check_config_class(config, cls.__name__)
             cls.config_class = config
+        if positional:
+            names = {f.name for f in dataclasses.fields(cls.config_class or object)}
+            unknown = [p for p in positional if p not in names]
+            if unknown:
+                raise TypeError(f"{cls.__name__}: positional names unknown fields {unknown}")
+            cls.positional = tuple(positional)
 
-    def __init__(self, config: Any = None, /, **options: Any) -> None:
-        config_class = type(self).config_class
+    def __init__(self, config: Any = None, /, *values: Any, **options: Any) -> None:
+        cls = type(self)
+        config_class = cls.config_class
         if config_class is None:
-            if config is not None or options:
+            if config is not None or values or options:
                 raise TypeError(
-                    f"{type(self).__name__} takes no options (it declares no config class; "
-                    f"write class {type(self).__name__}(..., config=MyConfig) to add some)"
+                    f"{cls.__name__} takes no options (it declares no config class; "
+                    f"write class {cls.__name__}(..., config=MyConfig) to add some)"
                 )
             self.config = None
             return
+        if config is not None and not isinstance(config, config_class) and cls.positional:
+            config, options = None, _by_position(cls, (config, *values), options)
+        elif values:
+            raise TypeError(
+                f"{cls.__name__} takes its config or keyword fields, not {1 + len(values)} "
+                f"positional arguments; fields: {', '.join(f.name for f in dataclasses.fields(config_class))}"
+            )
         self.config = build_config(config_class, config, options)
+
+
+def _by_position(cls: type[Configurable], values: tuple[Any, ...], options: dict[str, Any]):
+    names = cls.positional
+    if len(values) > len(names):
+        raise TypeError(
+            f"{cls.__name__} takes at most {len(names)} positional arguments "
+            f"({', '.join(names)}), got {len(values)}"
+        )
+    for name, value in zip(names, values, strict=False):
+        if name in options:
+            raise TypeError(f"{cls.__name__} got two values for {name!r} (by position and keyword)")
+        options = {**options, name: value}
+    return options
 
 
 def to_plain(value: Any) -> Any:

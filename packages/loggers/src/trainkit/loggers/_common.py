@@ -274,7 +274,7 @@ class BufferedDestination(Callback, LoggerDestination, config=BufferedDestinatio
                     stacklevel=2,
                 )
 
-    def close(self) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         logged = self._started or len(self._buffer) or self._pending_hyperparameters
         if not self._enabled() or not logged:
             return

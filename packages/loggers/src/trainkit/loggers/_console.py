@@ -77,6 +77,8 @@ class ConsoleLogger(Callback, LoggerDestination, config=ConsoleLoggerConfig):
     def eval_after_all(self, state: State, logger: Logger) -> None:
         self._print_some(state, f"[eval at batch {state.timestamp.batch}]", evaluation=True)
 
+    eval_standalone_end = eval_after_all  # Trainer.eval()
+
     def _print_train(self, state: State, where: str) -> None:
         self._print_some(state, where, evaluation=False)
 

@@ -35,7 +35,7 @@ def optimizer_names(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]:
 
 
 class LRMonitor(Callback, config=LRMonitorConfig):
-    """Logs ``lr/<Optimizer>/group<i>`` for every parameter group, every ``interval``.
+    """Logs ``lr-<Optimizer>/group<i>`` (Composer's key) for every parameter group, every ``interval``.
 
     The value is the one the next optimizer step will use (read after the schedulers
     stepped). A learning rate held in a tensor is logged as the tensor: no device sync.
@@ -60,7 +60,7 @@ class LRMonitor(Callback, config=LRMonitorConfig):
     def _log(state: State, logger: Logger) -> None:
         logger.log_metrics(
             {
-                f"lr/{name}/group{index}": group["lr"]
+                f"lr-{name}/group{index}": group["lr"]
                 for name, optimizer in zip(
                     optimizer_names(state.optimizers), state.optimizers, strict=True
                 )

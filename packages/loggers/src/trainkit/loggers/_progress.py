@@ -83,6 +83,8 @@ class ProgressBar(ProgressLines, config=ProgressBarConfig):
         self._newline()
         super().eval_after_all(state, logger)
 
+    eval_standalone_end = eval_after_all  # Trainer.eval()
+
     def fit_end(self, state: State, logger: Logger) -> None:
         self._newline()
 

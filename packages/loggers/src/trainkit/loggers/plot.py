@@ -25,7 +25,7 @@ Series = dict[str, tuple[list[int], list[float]]]
 # (file name, y label, the keys (or key prefixes) drawn on it)
 _FIGURES = (
     ("loss.png", "loss", ("loss/", "metrics/eval/cross_entropy")),
-    ("lr.png", "learning rate", ("lr/",)),
+    ("lr.png", "learning rate", ("lr-",)),
     ("throughput.png", "per second", ("throughput/samples_per_sec", "throughput/tokens_per_sec")),
 )
 
@@ -85,7 +85,7 @@ def plot_run(
             written.append(target / name)
     if not written:
         raise ValueError(
-            f"{str(source)!r} has no loss ('loss/...'), learning rate ('lr/...') or "
+            f"{str(source)!r} has no loss ('loss/...'), learning rate ('lr-...') or "
             f"throughput values to plot; it has: {sorted(series) or 'no numeric metrics'}"
         )
     return written

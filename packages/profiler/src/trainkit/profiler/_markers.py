@@ -33,6 +33,7 @@ PHASES: dict[Event, tuple[str, Event]] = {
     Event.BEFORE_BACKWARD: ("trainkit/backward", Event.AFTER_BACKWARD),
     Event.AFTER_TRAIN_BATCH: ("trainkit/optimizer_step", Event.BATCH_END),
     Event.EVAL_BEFORE_ALL: ("trainkit/eval", Event.EVAL_AFTER_ALL),
+    Event.EVAL_STANDALONE_START: ("trainkit/eval", Event.EVAL_STANDALONE_END),
 }
 _CLOSED_BY = {closing: opening for opening, (_, closing) in PHASES.items()}
 

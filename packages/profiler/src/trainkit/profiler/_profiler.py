@@ -165,7 +165,7 @@ class Profiler(Callback, config=ProfilerConfig):
     def fit_end(self, state: State, logger: Logger) -> None:
         self._stop()
 
-    def close(self) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         self._stop()
 
     def _start(self, state: State, logger: Logger, batch: int) -> None:

@@ -132,7 +132,7 @@ class SystemMetricsMonitor(Callback, config=SystemMetricsMonitorConfig):
             metrics.update(nvml_metrics(self._nvml, self._handle))
         return metrics
 
-    def close(self) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
             self._nvml = self._handle = None
