@@ -1,4 +1,5 @@
-"""cutmix: a box of another sample is pasted and targets mix by the pasted area."""
+"""cutmix: a box of another sample is pasted (drawn as the paper's code) and the targets mix by
+the pasted area: as dense targets (interpolate_loss=False), losses (True), or pasted masks."""
 
 import pytest
 import torch
@@ -24,46 +25,69 @@ def test_cutmix_batch_pastes_the_box_and_reports_its_area():
     assert torch.equal(x, torch.arange(32.0).reshape(2, 1, 4, 4))  # input untouched
 
 
-def test_random_box_fits_and_has_about_the_area():
+def coverage_reference(size, cut, uniform_sampling):
+    """P(row r is in the box), by enumerating the centres the paper's code can draw."""
+    low, high = (-cut // 2, size + cut // 2) if uniform_sampling else (0, size)
+    centres = range(low, high)
+    return torch.tensor(
+        [sum(c - cut // 2 <= r < c + cut // 2 for c in centres) / len(centres) for r in range(size)]
+    )
+
+
+@pytest.mark.parametrize("uniform_sampling", [False, True])
+def test_box_side_and_placement_follow_the_papers_code(uniform_sampling):
     torch.manual_seed(0)
-    for area in (0.0, 0.25, 0.5, 1.0):
-        top, left, h, w = random_box(32, 32, area)
-        assert top >= 0 and top + h <= 32 and left >= 0 and left + w <= 32
-        assert h * w <= round(32 * area**0.5) ** 2
+    size, area, draws = 16, 0.3, 6000
+    cut = int(size * area**0.5)  # 8
+    rows, cols = torch.zeros(size), torch.zeros(size)
+    for _ in range(draws):
+        top, left, h, w = random_box(size, size, area, uniform_sampling=uniform_sampling)
+        assert top >= 0 and top + h <= size and left >= 0 and left + w <= size
+        assert h <= cut // 2 * 2 and w <= cut // 2 * 2
+        if top > 0 and top + h < size:
+            assert h == cut // 2 * 2  # unclipped: [c - cut // 2, c + cut // 2)
+        rows[top : top + h] += 1
+        cols[left : left + w] += 1
+    expected = coverage_reference(size, cut, uniform_sampling)
+    torch.testing.assert_close(rows / draws, expected, atol=0.03, rtol=0)
+    torch.testing.assert_close(cols / draws, expected, atol=0.03, rtol=0)
+    if uniform_sampling:  # every pixel equally likely to be covered
+        assert torch.allclose(expected, expected.mean())
 
 
-def images(n=32):
+def images(n=32, classes=3, masks=False):
     g = torch.Generator().manual_seed(0)
+    shape = (n, 8, 8) if masks else (n,)
     return TensorDataset(
-        torch.rand(n, 3, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+        torch.rand(n, 3, 8, 8, generator=g), torch.randint(0, classes, shape, generator=g)
     )
 
 
 class Check(Callback):
     def __init__(self, cutmix):
-        self.cutmix, self.raw, self.mixings = cutmix, None, []
+        self.cutmix, self.raw, self.seen = cutmix, None, []
 
     def batch_start(self, state, logger):
         self.raw = state.batch
+
+    def before_loss(self, state, logger):
+        self.targets = state.batch[1]
 
     def after_loss(self, state, logger):
         c = self.cutmix
         x, y = self.raw
         expected, _, mixing = cutmix_batch(x, y, box=c.box, indices=c.indices)
         assert torch.equal(state.batch[0], expected) and mixing == c.mixing
-        soft = torch.lerp(F.one_hot(y, 3).float(), F.one_hot(y[c.indices], 3).float(), mixing)
-        torch.testing.assert_close(state.loss, F.cross_entropy(state.outputs, soft))
-        self.mixings.append(mixing)
+        assert torch.equal(state.batch[1], y)  # put back after the loss
+        loss, outputs = state.loss.detach(), state.outputs.detach()
+        self.seen.append((mixing, self.targets, loss, outputs, y, c.indices, c.box))
 
 
-def test_trainer_trains_on_pasted_images_with_area_weighted_loss():
-    cutmix = CutMix(alpha=1.0)
+def train(cutmix, model, data):
     check = Check(cutmix)
-    torch.manual_seed(0)
-    model = Classifier(nn.Sequential(nn.Flatten(), nn.Linear(3 * 64, 3)), num_classes=3)
     Trainer(
         model=model,
-        train_dataloader=loader(images()),
+        train_dataloader=loader(data),
         max_duration="4ba",
         algorithms=[cutmix],
         callbacks=[check],
@@ -71,7 +95,41 @@ def test_trainer_trains_on_pasted_images_with_area_weighted_loss():
         device="cpu",
         seed=0,
     ).fit()
-    assert len(check.mixings) == 4 and any(0 < m < 1 for m in check.mixings)
+    assert len(check.seen) == 4 and any(0 < m < 1 for m, *_ in check.seen)
+    return check.seen
+
+
+def classifier():
+    torch.manual_seed(0)
+    return Classifier(nn.Sequential(nn.Flatten(), nn.Linear(3 * 64, 3)), num_classes=3)
+
+
+@pytest.mark.parametrize("interpolate_loss", [False, True])
+def test_targets_or_losses_mix_by_the_pasted_area(interpolate_loss):
+    cutmix = CutMix(alpha=1.0, interpolate_loss=interpolate_loss)
+    for mixing, targets, loss, outputs, y, perm, _ in train(cutmix, classifier(), images()):
+        one_hot = F.one_hot(y, 3).float()
+        if interpolate_loss:
+            assert torch.equal(targets, y)
+        else:
+            torch.testing.assert_close(targets, (1 - mixing) * one_hot + mixing * one_hot[perm])
+        expected = (1 - mixing) * F.cross_entropy(outputs, y) + mixing * F.cross_entropy(
+            outputs, y[perm]
+        )
+        torch.testing.assert_close(loss, expected)
+
+
+def test_masks_get_the_same_box_pasted():
+    torch.manual_seed(0)
+    model = Classifier(nn.Conv2d(3, 3, 1), train_metrics={})  # per-pixel scores (N, 3, 8, 8)
+    for _, targets, loss, outputs, y, perm, box in train(CutMix(), model, images(masks=True)):
+        top, left, h, w = box
+        expected = y.clone()
+        expected[:, top : top + h, left : left + w] = y[perm][:, top : top + h, left : left + w]
+        assert torch.equal(targets, expected)
+        torch.testing.assert_close(loss, F.cross_entropy(outputs, expected))
+    with pytest.raises(Exception, match="cannot interpolate the loss for targets shaped like"):
+        train(CutMix(interpolate_loss=True), model, images(masks=True))
 
 
 def test_bad_config():

@@ -1,4 +1,4 @@
-"""cutout: each training image loses exactly the configured squares, the same in every channel."""
+"""cutout: one mask per batch (as Composer), squares placed as the paper's code, train data only."""
 
 import pytest
 import torch
@@ -17,24 +17,52 @@ def zero_box(image):
     return (rows.max() - rows.min() + 1, cols.max() - cols.min() + 1), bool((box == 0).all())
 
 
-def test_one_hole_is_a_square_clipped_at_the_border():
+def test_one_mask_serves_the_whole_batch():
     torch.manual_seed(0)
-    out = cutout_batch(torch.ones(64, 3, 16, 16), num_holes=1, length=0.25)
-    assert torch.equal(out[:, 0], out[:, 1]) and torch.equal(out[:, 0], out[:, 2])
-    full = 0
-    for image in out[:, 0]:
-        (h, w), solid = zero_box(image)
-        assert solid and h <= 4 and w <= 4
-        full += int(h == 4 and w == 4)
-        assert ((image == 0) | (image == 1)).all()
-    assert full > 20  # most squares lie inside the image
+    out = cutout_batch(torch.ones(16, 3, 16, 16), num_holes=2, length=0.25)
+    assert (out == out[:1]).all() and (out == 0).any()
+    per_image = cutout_batch(torch.ones(16, 3, 16, 16), length=0.25, per_image=True)
+    assert torch.equal(per_image[:, 0], per_image[:, 1])  # the same in every channel
+    assert len({tuple(m.flatten().tolist()) for m in per_image[:, 0]}) > 1
 
 
-def test_pixel_length_and_several_holes():
+def coverage_reference(size, side, uniform_sampling):
+    """P(row r is cut), by enumerating the centres the paper's code can draw."""
+    low, high = (-side // 2, size + side // 2) if uniform_sampling else (0, size)
+    centres = range(low, high)
+    half = side // 2
+    return torch.tensor(
+        [sum(c - half <= r < c + half for c in centres) / len(centres) for r in range(size)]
+    )
+
+
+@pytest.mark.parametrize("uniform_sampling", [False, True])
+def test_square_side_and_placement_follow_the_papers_code(uniform_sampling):
     torch.manual_seed(0)
-    out = cutout_batch(torch.ones(8, 1, 32, 32), num_holes=3, length=5)
-    zeros = (out == 0).sum(dim=(1, 2, 3))
-    assert (zeros > 0).all() and (zeros <= 3 * 25).all()
+    size, draws = 16, 3000
+    side = int(0.3 * size)  # Composer: int(length * min(H, W)) = 4
+    out = cutout_batch(
+        torch.ones(draws, 1, size, size),
+        length=0.3,
+        uniform_sampling=uniform_sampling,
+        per_image=True,
+    )[:, 0]
+    rows = (out == 0).any(dim=2).float().mean(0)
+    torch.testing.assert_close(
+        rows, coverage_reference(size, side, uniform_sampling), atol=0.03, rtol=0
+    )
+    for image in out[:200]:
+        if (image == 0).any():
+            (h, w), solid = zero_box(image)
+            assert solid and h <= side and w <= side
+
+
+def test_pixel_length_spans_twice_half_the_side():
+    torch.manual_seed(0)
+    out = cutout_batch(torch.ones(200, 1, 32, 32), length=5, per_image=True)
+    sizes = [zero_box(image)[0] for image in out[:, 0] if (image == 0).any()]
+    assert max(max(int(h), int(w)) for h, w in sizes) == 4  # [c - 2, c + 2), as the paper's code
+    assert sum(int(h) == 4 and int(w) == 4 for h, w in sizes) > 100  # most lie inside
 
 
 def test_trainer_cuts_training_images_only():
@@ -60,7 +88,7 @@ def test_trainer_cuts_training_images_only():
         device="cpu",
     ).fit()
     for x in seen["train"]:
-        assert ((x == 0).sum(dim=(1, 2, 3)) > 0).all()
+        assert ((x == 0).sum(dim=(1, 2, 3)) > 0).all() and (x == x[:1]).all()
     assert all((x == 1).all() for x in seen["eval"])
 
 

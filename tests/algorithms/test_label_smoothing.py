@@ -56,6 +56,33 @@ def test_trainer_loss_equals_label_smoothed_cross_entropy():
         torch.testing.assert_close(loss, expected)
 
 
+def test_smoothed_targets_follow_the_formula_for_every_target_form():
+    g = torch.Generator().manual_seed(0)
+    s, k = 0.2, 5
+    # Class indices, classes along dim 1 for (N, K, H, W) outputs, and probabilities.
+    cases = [
+        (torch.randn(4, k, generator=g), torch.randint(0, k, (4,), generator=g)),
+        (torch.randn(2, k, 3, 3, generator=g), torch.randint(0, k, (2, 3, 3), generator=g)),
+        (torch.randn(4, k, generator=g), torch.rand(4, k, generator=g).softmax(1)),
+    ]
+    for logits, target in cases:
+        if target.is_floating_point():
+            probabilities = target
+        else:
+            probabilities = torch.zeros_like(logits).scatter_(1, target.unsqueeze(1), 1.0)
+        expected = (1 - s) * probabilities + s / k  # Szegedy et al., eq. for q'(k)
+        smoothed = smooth_labels(logits, target, smoothing=s)
+        torch.testing.assert_close(smoothed, expected)
+        torch.testing.assert_close(smoothed.sum(1), torch.ones_like(smoothed.sum(1)))
+        # The cross-entropy against it is -sum_k q'(k) log p(k).
+        reference = -(expected * logits.log_softmax(1)).sum(1).mean()
+        torch.testing.assert_close(F.cross_entropy(logits, smoothed), reference)
+    # Low-precision logits (autocast) still get float32 targets.
+    assert smooth_labels(torch.zeros(2, 3, dtype=torch.bfloat16), torch.tensor([0, 1])).dtype == (
+        torch.float32
+    )
+
+
 def test_combined_with_mixup_warns():
     from trainkit.algorithms import MixUp
 
@@ -74,7 +101,10 @@ def test_bad_config():
     for smoothing in (-0.1, 1.0):
         with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\)"):
             LabelSmoothingConfig(smoothing=smoothing)
-    with pytest.raises(ValueError, match="label smoothing needs class indices shaped"):
+    with pytest.raises(
+        ValueError,
+        match=r"label_smoothing needs class indices shaped \(2,\) or probabilities shaped \(2, 3\)",
+    ):
         smooth_labels(torch.zeros(2, 3), torch.zeros(2, 5))
 
 

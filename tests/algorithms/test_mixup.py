@@ -1,12 +1,13 @@
-"""mixup: inputs and targets are mixed exactly, through the Trainer and as a function."""
+"""mixup: inputs mixed exactly; dense targets mixed (interpolate_loss=False) or losses mixed (True)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from toy import blobs, loader, mlp
 from trainkit.algorithms import MixUp, MixUpConfig, mixup_batch
-from trainkit.core import Callback, Event, Trainer, plugins
+from trainkit.core import Callback, Classifier, Trainer, plugins
 
 
 def test_mixup_batch_mixes_inputs_and_permutes_targets():
@@ -17,58 +18,107 @@ def test_mixup_batch_mixes_inputs_and_permutes_targets():
     assert y_perm.tolist() == [2, 0, 3, 1] and mixing == 0.25
 
 
-def test_drawn_mixing_is_a_beta_sample_and_indices_a_permutation():
-    torch.manual_seed(0)
+def test_drawn_mixing_is_the_smaller_side_of_a_beta_sample():
     x, y = torch.arange(8.0).unsqueeze(1), torch.arange(8)
-    mixed, y_perm, mixing = mixup_batch(x, y, alpha=1.0)
-    assert 0.0 <= mixing <= 1.0
-    assert sorted(y_perm.tolist()) == list(range(8))
-    torch.testing.assert_close(mixed, (1 - mixing) * x + mixing * y_perm.unsqueeze(1).float())
+    for seed in range(20):
+        torch.manual_seed(seed)
+        z = float(torch.distributions.Beta(0.4, 0.4).sample())
+        torch.manual_seed(seed)
+        mixed, y_perm, mixing = mixup_batch(x, y, alpha=0.4)
+        assert mixing == min(z, 1 - z) <= 0.5
+        assert sorted(y_perm.tolist()) == list(range(8))
+        torch.testing.assert_close(mixed, (1 - mixing) * x + mixing * y_perm.unsqueeze(1).float())
 
 
 class Record(Callback):
     """Callbacks run after the algorithms at each event: they see what MixUp did."""
 
-    def __init__(self, mixup):
-        self.mixup, self.raw, self.checks = mixup, None, []
+    def __init__(self, mixup, num_classes=2):
+        self.mixup, self.k, self.raw, self.checks = mixup, num_classes, None, []
 
     def batch_start(self, state, logger):
         self.raw = state.batch
 
+    def before_loss(self, state, logger):
+        m, (_x, y) = self.mixup, self.raw
+        targets = state.batch[1]
+        if m.config.interpolate_loss:
+            assert torch.equal(targets, y)
+        else:  # the mixed one-hot targets, built here from the paper's formula
+            one_hot = F.one_hot(y, self.k).float()
+            torch.testing.assert_close(
+                targets, (1 - m.mixing) * one_hot + m.mixing * one_hot[m.indices]
+            )
+
     def after_loss(self, state, logger):
-        m = self.mixup
-        x, y = self.raw
-        inputs, _ = state.batch
-        torch.testing.assert_close(inputs, torch.lerp(x, x[m.indices], m.mixing))
-        # Loss against the mixed one-hot targets: the targets interpolate.
-        soft = torch.lerp(F.one_hot(y, 2).float(), F.one_hot(y[m.indices], 2).float(), m.mixing)
-        torch.testing.assert_close(state.loss, F.cross_entropy(state.outputs, soft))
-        self.checks.append(m.mixing)
+        m, (x, y) = self.mixup, self.raw
+        inputs, targets = state.batch
+        torch.testing.assert_close(inputs, (1 - m.mixing) * x + m.mixing * x[m.indices])
+        assert torch.equal(targets, y)  # put back after the loss
+        self.checks.append((m.mixing, state.loss.detach(), state.outputs.detach(), y, m.indices))
 
 
-def test_trainer_trains_on_mixed_inputs_with_interpolated_loss():
-    mixup = MixUp(alpha=1.0)
-    record = Record(mixup)
-    model = mlp(dropout=0.0)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=loader(blobs(64)),
+def train(mixup, model=None, num_classes=2, data=None):
+    record = Record(mixup, num_classes)
+    Trainer(
+        model=model or mlp(dropout=0.0),
+        train_dataloader=loader(data or blobs(64)),
         max_duration="4ba",
         algorithms=[mixup],
         callbacks=[record],
         progress_bar=False,
         device="cpu",
         seed=0,
-    )
-    trainer.fit()
+    ).fit()
     assert len(record.checks) == 4
-    assert len(set(record.checks)) == 4  # a fresh mixing weight every step
+    assert len({m for m, *_ in record.checks}) == 4  # a fresh mixing weight every step
+    return record.checks
 
 
-def test_input_only_mixing_leaves_the_loss_alone():
-    mixup = MixUp(alpha=1.0, interpolate_loss=False)
-    assert mixup.match(Event.BEFORE_FORWARD, None)
-    assert not mixup.match(Event.AFTER_LOSS, None)
+@pytest.mark.parametrize("interpolate_loss", [False, True])
+def test_cross_entropy_is_the_same_whether_targets_or_losses_are_mixed(interpolate_loss):
+    for mixing, loss, outputs, y, perm in train(
+        MixUp(alpha=1.0, interpolate_loss=interpolate_loss)
+    ):
+        mixed_losses = (1 - mixing) * F.cross_entropy(outputs, y) + mixing * F.cross_entropy(
+            outputs, y[perm]
+        )
+        torch.testing.assert_close(loss, mixed_losses)
+
+
+def brier(outputs, targets):
+    """A loss that is not linear in the targets: mixing targets and mixing losses differ."""
+    return (outputs.softmax(1) - targets).pow(2).sum(1).mean()
+
+
+def test_dense_targets_reach_a_loss_that_is_not_linear_in_them():
+    torch.manual_seed(0)
+    model = Classifier(nn.Linear(8, 3), num_classes=3, loss_fn=brier)
+    x = torch.randn(64, 8)
+    data = torch.utils.data.TensorDataset(x, torch.randint(0, 3, (64,)))
+    for mixing, loss, outputs, y, perm in train(MixUp(alpha=1.0), model, 3, data):
+        one_hot = F.one_hot(y, 3).float()
+        soft = (1 - mixing) * one_hot + mixing * one_hot[perm]
+        torch.testing.assert_close(loss, brier(outputs, soft))
+        interpolated = (1 - mixing) * brier(outputs, one_hot) + mixing * brier(
+            outputs, one_hot[perm]
+        )
+        assert not torch.allclose(loss, interpolated)
+
+
+def test_probability_targets_are_mixed_as_they_are():
+    logits = torch.zeros(2, 3)
+    from trainkit.algorithms._targets import mix_probabilities
+
+    soft = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]])
+    mixed = mix_probabilities(logits, soft, soft.flip(0), 0.25, "mixup")
+    torch.testing.assert_close(mixed, 0.75 * soft + 0.25 * soft.flip(0))
+    with pytest.raises(
+        ValueError, match=r"mixup needs class indices shaped \(2,\) or probabilities"
+    ):
+        mix_probabilities(logits, torch.zeros(2, 5), soft, 0.5, "mixup")
+    with pytest.raises(ValueError, match="set interpolate_loss=True to mix the losses instead"):
+        mix_probabilities({"logits": logits}, soft, soft, 0.5, "mixup")
 
 
 @pytest.mark.parametrize("alpha", [0, -1.0])

@@ -1,14 +1,23 @@
 """CutMix (Yun et al. 2019): paste a box from another sample and mix the targets by area.
 
-At BEFORE_FORWARD each microbatch gets one box (of a Beta(alpha, alpha) share of the
-image area, at a random place, clipped at the border) filled from ``x[perm]``; at
-AFTER_LOSS the loss becomes ``(1 - mixing) * loss(y) + mixing * loss(y[perm])`` where
-``mixing`` is the area actually pasted, with the model's own loss.
+At BEFORE_FORWARD each microbatch gets one box, the same for every sample (as Composer),
+filled from ``x[perm]``. The box is drawn as in the paper's code: ``lam ~ Beta(alpha,
+alpha)``, sides ``int(H * sqrt(1 - lam))`` and ``int(W * sqrt(1 - lam))``, centre uniform
+over the image (or, with ``uniform_sampling``, over the image grown by half a box on every
+side, so that every pixel is equally likely to be covered), clipped at the border. The
+targets mix by the share of the area actually pasted, ``mixing``:
+
+- ``interpolate_loss=False`` (default, as Composer): at BEFORE_LOSS the targets become
+  ``(1 - mixing) * one_hot(y) + mixing * one_hot(y[perm])`` (the model's loss must accept
+  probabilities, as ``F.cross_entropy`` does); targets with the images' height and width
+  (segmentation masks) get the same box pasted from ``y[perm]`` instead. The original
+  targets are put back at AFTER_LOSS.
+- ``interpolate_loss=True``: at AFTER_LOSS the loss becomes ``(1 - mixing) * loss(y) +
+  mixing * loss(y[perm])`` with the model's own loss.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +25,11 @@ import torch
 
 from trainkit.algorithms._batch import Key, get_item, interpolate_loss, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
+from trainkit.algorithms._targets import mix_probabilities
 from trainkit.core import Event, Logger, State
 from trainkit.core.config import build_config
 
-__all__ = ["CutMix", "CutMixConfig", "cutmix_batch"]
+__all__ = ["CutMix", "CutMixConfig", "cutmix_batch", "random_box"]
 
 Box = tuple[int, int, int, int]
 """``(top, left, height, width)`` in pixels."""
@@ -28,7 +38,14 @@ Box = tuple[int, int, int, int]
 @dataclass(kw_only=True)
 class CutMixConfig:
     alpha: float = 1.0
-    """The pasted share of the area is drawn from Beta(alpha, alpha); positive."""
+    """The box's nominal share of the area, ``1 - lam``, has ``lam ~ Beta(alpha, alpha)``;
+    positive."""
+    interpolate_loss: bool = False
+    """False: mix the targets (as one-hot probabilities, or paste the box into masks);
+    True: mix the two losses."""
+    uniform_sampling: bool = False
+    """Draw the box centre so that every pixel is equally likely to be covered (Composer's
+    option); False: centre uniform over the image, as the paper."""
     input_key: Key = 0
     """Where the batch keeps its images, shaped (N, C, H, W) (or (N, C, ...spatial))."""
     target_key: Key = 1
@@ -39,12 +56,23 @@ class CutMixConfig:
             raise ValueError(f"alpha must be positive, got {self.alpha}")
 
 
-def random_box(height: int, width: int, area: float) -> Box:
-    """A box covering about ``area`` of the image, centred at random, clipped at the border."""
-    cut_h, cut_w = round(height * math.sqrt(area)), round(width * math.sqrt(area))
-    cy, cx = (int(torch.randint(n, ())) for n in (height, width))
-    top, bottom = max(cy - cut_h // 2, 0), min(cy + (cut_h + 1) // 2, height)
-    left, right = max(cx - cut_w // 2, 0), min(cx + (cut_w + 1) // 2, width)
+def _centre(size: int, cut: int, uniform_sampling: bool) -> int:
+    if uniform_sampling:
+        low = -cut // 2
+        return low + int(torch.randint(size + cut // 2 - low, ()))
+    return int(torch.randint(size, ()))
+
+
+def random_box(height: int, width: int, area: float, *, uniform_sampling: bool = False) -> Box:
+    """A box of sides ``int(side * sqrt(area))``, centred at random, clipped at the border.
+
+    It spans ``[centre - cut // 2, centre + cut // 2)`` on each axis (the paper's code).
+    """
+    cut_h, cut_w = int(height * area**0.5), int(width * area**0.5)
+    cy = _centre(height, cut_h, uniform_sampling)
+    cx = _centre(width, cut_w, uniform_sampling)
+    top, bottom = min(max(cy - cut_h // 2, 0), height), min(max(cy + cut_h // 2, 0), height)
+    left, right = min(max(cx - cut_w // 2, 0), width), min(max(cx + cut_w // 2, 0), width)
     return top, left, bottom - top, right - left
 
 
@@ -61,16 +89,18 @@ def cutmix_batch(
     """Paste ``box`` of ``x[indices]`` into ``x`` (a copy).
 
     Returns ``(x_cut, y_permuted, mixing)``: ``mixing`` is the pasted share of the image
-    area; train on ``(1 - mixing) * loss(y) + mixing * loss(y_permuted)``. The box is
-    drawn (see `random_box`, with ``alpha`` from the `CutMixConfig` or keyword arguments)
-    and ``indices`` is a random permutation unless given.
+    area; train on the targets ``(1 - mixing) * y + mixing * y_permuted``. The box is
+    drawn (see `random_box`, with ``alpha`` and ``uniform_sampling`` from the
+    `CutMixConfig` or keyword arguments) and ``indices`` is a random permutation, unless
+    given.
     """
-    alpha = build_config(CutMixConfig, config, options).alpha
+    cfg = build_config(CutMixConfig, config, options)
     if x.ndim < 3:
         raise ValueError(f"cutmix needs images shaped (N, C, H, W), got shape {tuple(x.shape)}")
     height, width = x.shape[-2:]
     if box is None:
-        box = random_box(height, width, float(torch.distributions.Beta(alpha, alpha).sample()))
+        lam = float(torch.distributions.Beta(cfg.alpha, cfg.alpha).sample())
+        box = random_box(height, width, 1.0 - lam, uniform_sampling=cfg.uniform_sampling)
     top, left, box_h, box_w = box
     if (
         top < 0
@@ -101,9 +131,15 @@ class CutMix(ComposableAlgorithm, config=CutMixConfig):
         self.box: Box | None = None
         self.indices: torch.Tensor | None = None
         self.permuted_targets: Any = None
+        self._original: Any = None
+        self._image_size: tuple[int, int] = (0, 0)
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (Event.BEFORE_FORWARD, Event.AFTER_LOSS)
+        if event == Event.BEFORE_FORWARD:
+            return True
+        if self.config.interpolate_loss:
+            return event == Event.AFTER_LOSS
+        return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
@@ -114,12 +150,45 @@ class CutMix(ComposableAlgorithm, config=CutMixConfig):
                 raise ValueError(
                     f"cutmix needs images shaped (N, C, H, W), got shape {tuple(x.shape)}"
                 )
-            area = float(torch.distributions.Beta(cfg.alpha, cfg.alpha).sample())
-            self.box = random_box(x.shape[-2], x.shape[-1], area)
+            self._image_size = (x.shape[-2], x.shape[-1])
+            lam = float(torch.distributions.Beta(cfg.alpha, cfg.alpha).sample())
+            self.box = random_box(
+                *self._image_size, 1.0 - lam, uniform_sampling=cfg.uniform_sampling
+            )
             self.indices = torch.randperm(x.shape[0], device=x.device)
             x_cut, self.permuted_targets, self.mixing = cutmix_batch(
                 x, y, cfg, box=self.box, indices=self.indices
             )
             state.batch = set_item(state.batch, cfg.input_key, x_cut)
-            return
-        interpolate_loss(state, cfg.target_key, self.permuted_targets, self.mixing)
+        elif cfg.interpolate_loss:
+            if self._is_mask(self.permuted_targets):
+                raise ValueError(
+                    "cutmix cannot interpolate the loss for targets shaped like the images "
+                    "(masks); use interpolate_loss=False, which pastes the box into them"
+                )
+            interpolate_loss(state, cfg.target_key, self.permuted_targets, self.mixing)
+        elif event == Event.BEFORE_LOSS:
+            self._original = get_item(state.batch, cfg.target_key, "cutmix")
+            state.batch = set_item(state.batch, cfg.target_key, self._mixed_targets(state))
+        elif self._original is not None:
+            state.batch = set_item(state.batch, cfg.target_key, self._original)
+            self._original = None
+
+    def _is_mask(self, target: Any) -> bool:
+        return (
+            isinstance(target, torch.Tensor)
+            and target.ndim > 2
+            and (tuple(target.shape[-2:]) == self._image_size)
+        )
+
+    def _mixed_targets(self, state: State) -> torch.Tensor:
+        if self._is_mask(self.permuted_targets):
+            assert self.box is not None
+            top, left, box_h, box_w = self.box
+            mixed = self._original.clone()
+            region = (..., slice(top, top + box_h), slice(left, left + box_w))
+            mixed[region] = self.permuted_targets[region]
+            return mixed
+        return mix_probabilities(
+            state.outputs, self._original, self.permuted_targets, self.mixing, "cutmix"
+        )

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from trainkit.algorithms._batch import Key, get_item, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
+from trainkit.algorithms._targets import class_probabilities
 from trainkit.core import Event, Logger, State
 from trainkit.core.config import build_config
 
@@ -44,22 +44,13 @@ def smooth_labels(
     """Smoothed class probabilities, shaped like ``logits`` (classes along dim 1).
 
     ``target`` is class indices (logits' shape without dim 1) or probabilities (logits'
-    shape); either way the result is ``(1 - smoothing) * probabilities + smoothing / K``,
-    with ``smoothing`` from the `LabelSmoothingConfig` or keyword arguments.
+    shape); either way the result is ``(1 - smoothing) * probabilities + smoothing / K``
+    (K = ``logits.shape[1]``), with ``smoothing`` from the `LabelSmoothingConfig` or keyword
+    arguments. It is float32 (float64 for float64 logits), whatever the autocast dtype.
     """
     smoothing = build_config(LabelSmoothingConfig, config, options).smoothing
-    num_classes = logits.shape[1]
-    if target.shape == logits.shape and target.is_floating_point():
-        probabilities = target
-    elif target.dtype in (torch.int64, torch.int32) and target.ndim == logits.ndim - 1:
-        probabilities = F.one_hot(target.long(), num_classes).movedim(-1, 1)
-    else:
-        raise ValueError(
-            f"label smoothing needs class indices shaped {tuple(logits.shape[:1] + logits.shape[2:])} "
-            f"or probabilities shaped {tuple(logits.shape)}; got {target.dtype} targets shaped "
-            f"{tuple(target.shape)}"
-        )
-    return probabilities.to(logits.dtype) * (1.0 - smoothing) + smoothing / num_classes
+    probabilities = class_probabilities(logits, target, "label_smoothing")
+    return probabilities * (1.0 - smoothing) + smoothing / logits.shape[1]
 
 
 class LabelSmoothing(ComposableAlgorithm, config=LabelSmoothingConfig):

@@ -1,10 +1,16 @@
 """Layer freezing (Brock et al. 2017, FreezeOut): stop training the first layers, progressively.
 
 From ``freeze_start`` (a fraction of training) to the end, the share of frozen layers
-grows linearly to ``freeze_level``, earliest layers first. Frozen parameters get
-``requires_grad = False``: backward no longer computes their gradients and optimizers skip
-them. The schedule is a function of the run's position, so a resumed run freezes the same
-layers again at FIT_START; layers are never unfrozen.
+grows linearly to ``freeze_level``, earliest layers first, as Composer: the layers are the
+model's leaf modules that hold parameters, in depth-first order, and the first
+``int(share * (layers - 1))`` are frozen, so the last layer (the head) never is. The
+schedule is a function of the run's position, so a resumed run freezes the same layers
+again at FIT_START; layers are never unfrozen.
+
+A frozen parameter gets ``requires_grad = False`` and loses its gradient: backward no
+longer computes one, and every torch optimizer (and trainkit's decoupled ones) skips a
+parameter without a gradient, so no step, momentum or weight decay reaches it again, even
+in a loop that zeroes gradients instead of clearing them.
 """
 
 from __future__ import annotations
@@ -19,7 +25,13 @@ from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
 from trainkit.core.config import build_config
 
-__all__ = ["LayerFreezing", "LayerFreezingConfig", "freeze_layers", "frozen_fraction"]
+__all__ = [
+    "LayerFreezing",
+    "LayerFreezingConfig",
+    "freeze_layers",
+    "frozen_count",
+    "frozen_fraction",
+]
 
 
 @dataclass(kw_only=True)
@@ -50,12 +62,21 @@ def frozen_fraction(
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
-    # A layer is a module that owns parameters, in definition order.
-    return [m for m in model.modules() if next(m.parameters(recurse=False), None) is not None]
+    """Leaf modules that hold parameters, depth first (Composer's ``_get_layers``)."""
+    children = list(model.children())
+    if not children:
+        return [model] if next(model.parameters(), None) is not None else []
+    return [layer for child in children for layer in _layers(child)]
+
+
+def frozen_count(layers: int, fraction: float) -> int:
+    """How many of ``layers`` layers a share ``fraction`` freezes: ``int(fraction * (layers - 1))``."""
+    return max(0, math.floor(fraction * (layers - 1) + 1e-9))
 
 
 def freeze_layers(model: nn.Module, fraction: float) -> int:
-    """Freeze the first ``floor(fraction * layers)`` layers of ``model``; returns that count.
+    """Freeze the first ``int(fraction * (layers - 1))`` layers of ``model`` (never the last);
+    returns that count.
 
     Raises:
         ValueError: the model has no parameters, or ``fraction`` is outside [0, 1].
@@ -65,7 +86,7 @@ def freeze_layers(model: nn.Module, fraction: float) -> int:
     layers = _layers(model)
     if not layers:
         raise ValueError(f"layer_freezing: {type(model).__name__} has no parameters to freeze")
-    count = math.floor(fraction * len(layers) + 1e-9)
+    count = frozen_count(len(layers), fraction)
     for layer in layers[:count]:
         for param in layer.parameters(recurse=False):
             param.requires_grad_(False)
@@ -74,13 +95,23 @@ def freeze_layers(model: nn.Module, fraction: float) -> int:
 
 
 class LayerFreezing(ComposableAlgorithm, config=LayerFreezingConfig):
-    """Freezes the earliest layers progressively (see `LayerFreezingConfig`)."""
+    """Freezes the earliest layers progressively (see `LayerFreezingConfig`).
+
+    Differences from Composer: Composer also removes frozen parameters from the optimizers'
+    groups, which changes the optimizers' saved shape (it warns that such checkpoints cannot
+    be resumed reliably); here they stay listed, with their state, so a checkpoint loads
+    into a fresh run and the resumed run is exact (they get no update either way). Composer
+    re-checks the schedule at each epoch's end; here at each batch's end, so a one-epoch run
+    freezes progressively too.
+    """
 
     config: LayerFreezingConfig
+    required_events = (Event.FIT_START, Event.BATCH_END)
 
     def __init__(self, config: LayerFreezingConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
         self.frozen_layers = 0
+        self._layers = 0  # counted at FIT_START, not per batch
 
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.FIT_START, Event.BATCH_END)
@@ -88,7 +119,9 @@ class LayerFreezing(ComposableAlgorithm, config=LayerFreezingConfig):
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         fraction = frozen_fraction(state.elapsed_fraction(), self.config)
         model = state.parallelism.unwrap(state.model)
-        count = math.floor(fraction * len(_layers(model)) + 1e-9)
+        if event == Event.FIT_START:
+            self._layers = len(_layers(model))
+        count = frozen_count(self._layers, fraction)
         if count > self.frozen_layers or (event == Event.FIT_START and count):
             self.frozen_layers = freeze_layers(model, fraction)
             logger.log_metrics({"layer_freezing/frozen_layers": self.frozen_layers})

@@ -1,9 +1,19 @@
 """MixUp (Zhang et al. 2018): train on convex combinations of pairs of samples.
 
 Each microbatch's inputs become ``(1 - mixing) * x + mixing * x[perm]`` at BEFORE_FORWARD,
-and at AFTER_LOSS the loss becomes ``(1 - mixing) * loss(y) + mixing * loss(y[perm])``
-with the model's own loss: for cross-entropy, exactly the loss against the mixed one-hot
-targets, and it works with any loss the model defines.
+with ``mixing = min(z, 1 - z)``, ``z ~ Beta(alpha, alpha)`` (as Composer: the original
+sample always weighs at least half, so training accuracy stays meaningful). The targets
+are mixed the same way, as the paper does:
+
+- ``interpolate_loss=False`` (default, as Composer): at BEFORE_LOSS the targets become
+  ``(1 - mixing) * one_hot(y) + mixing * one_hot(y[perm])`` (classes along dim 1 of the
+  outputs; targets already given as probabilities are mixed as they are), and the model's
+  loss must accept probabilities as targets, as ``F.cross_entropy`` does. The original
+  targets are put back at AFTER_LOSS, so metrics and other methods see them.
+- ``interpolate_loss=True``: at AFTER_LOSS the loss becomes ``(1 - mixing) * loss(y) +
+  mixing * loss(y[perm])``, with the model's own loss; for cross-entropy this is the same
+  value, and it works with any loss (exactly the mixed-target loss only when the loss is
+  linear in the targets).
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import torch
 
 from trainkit.algorithms._batch import Key, get_item, interpolate_loss, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
+from trainkit.algorithms._targets import mix_probabilities
 from trainkit.core import Event, Logger, State
 from trainkit.core.config import build_config
 
@@ -24,9 +35,9 @@ __all__ = ["MixUp", "MixUpConfig", "mixup_batch"]
 @dataclass(kw_only=True)
 class MixUpConfig:
     alpha: float = 0.2
-    """The mixing weight is drawn from Beta(alpha, alpha) per microbatch; positive."""
-    interpolate_loss: bool = True
-    """Mix the loss with the permuted targets' loss; False mixes only the inputs."""
+    """``z ~ Beta(alpha, alpha)`` per microbatch, and ``mixing = min(z, 1 - z)``; positive."""
+    interpolate_loss: bool = False
+    """False: mix the targets (as one-hot probabilities); True: mix the two losses."""
     input_key: Key = 0
     """Where the batch keeps its inputs (a position or a dict key)."""
     target_key: Key = 1
@@ -50,14 +61,15 @@ def mixup_batch(
     """Mix each sample with another of the batch.
 
     Returns ``(x_mixed, y_permuted, mixing)`` with ``x_mixed = (1 - mixing) * x +
-    mixing * x[indices]`` and ``y_permuted = y[indices]``; train on ``(1 - mixing) *
-    loss(y) + mixing * loss(y_permuted)``. ``mixing`` is drawn from Beta(alpha, alpha)
-    (``alpha`` from the `MixUpConfig` or keyword arguments) and ``indices`` is a random
-    permutation unless given.
+    mixing * x[indices]`` and ``y_permuted = y[indices]``; train on the targets
+    ``(1 - mixing) * y + mixing * y_permuted`` (as probabilities). ``mixing`` is
+    ``min(z, 1 - z)`` with ``z ~ Beta(alpha, alpha)`` (``alpha`` from the `MixUpConfig` or
+    keyword arguments) and ``indices`` is a random permutation, unless given.
     """
     alpha = build_config(MixUpConfig, config, options).alpha
     if mixing is None:
-        mixing = float(torch.distributions.Beta(alpha, alpha).sample())
+        z = float(torch.distributions.Beta(alpha, alpha).sample())
+        mixing = min(z, 1.0 - z)
     if not 0.0 <= mixing <= 1.0:
         raise ValueError(f"mixing must be in [0, 1], got {mixing}")
     if indices is None:
@@ -82,11 +94,14 @@ class MixUp(ComposableAlgorithm, config=MixUpConfig):
         self.mixing = 0.0
         self.indices: torch.Tensor | None = None
         self.permuted_targets: Any = None
+        self._original: Any = None
 
     def match(self, event: Event, state: State) -> bool:
-        return event == Event.BEFORE_FORWARD or (
-            event == Event.AFTER_LOSS and self.config.interpolate_loss
-        )
+        if event == Event.BEFORE_FORWARD:
+            return True
+        if self.config.interpolate_loss:
+            return event == Event.AFTER_LOSS
+        return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
@@ -98,5 +113,14 @@ class MixUp(ComposableAlgorithm, config=MixUpConfig):
                 x, y, cfg, indices=self.indices
             )
             state.batch = set_item(state.batch, cfg.input_key, x_mixed)
-            return
-        interpolate_loss(state, cfg.target_key, self.permuted_targets, self.mixing)
+        elif cfg.interpolate_loss:
+            interpolate_loss(state, cfg.target_key, self.permuted_targets, self.mixing)
+        elif event == Event.BEFORE_LOSS:
+            self._original = get_item(state.batch, cfg.target_key, "mixup")
+            mixed = mix_probabilities(
+                state.outputs, self._original, self.permuted_targets, self.mixing, "mixup"
+            )
+            state.batch = set_item(state.batch, cfg.target_key, mixed)
+        elif self._original is not None:
+            state.batch = set_item(state.batch, cfg.target_key, self._original)
+            self._original = None

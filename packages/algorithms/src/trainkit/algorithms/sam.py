@@ -1,23 +1,32 @@
 """Sharpness-aware minimization (Foret et al. 2021): step with the gradient at a nearby worse point.
 
 The loop computes the gradient ``g`` at the weights ``w`` as usual. At AFTER_TRAIN_BATCH
-(gradients ready, before the optimizer step) SAM moves to ``w + rho * g / ||g||``,
-recomputes the loss and gradient there on the same microbatches, and moves back to ``w``;
-the optimizer then steps from ``w`` with that second gradient. No optimizer wrapper is
-needed, so any optimizer and scheduler works unchanged.
+(all gradients in, before the optimizer step) SAM moves to ``w + rho * g / (||g|| +
+epsilon)``, replays the whole step there and moves back to ``w``; the optimizer then
+steps from ``w`` with the replayed gradient. No optimizer wrapper is needed, so any
+optimizer and scheduler works unchanged.
 
-The perturbed pass replays the model's forward and ``loss`` on the microbatches as the
-model saw them (after BEFORE_FORWARD transforms such as cutout or mixup's inputs), but
-not the algorithms that change the loss itself (mixup/cutmix loss interpolation, label
-smoothing): SAM warns when combined with them. It costs one more forward and backward
-per step (every ``interval`` steps). AFTER_* events run the algorithm list in reverse, so
-with ``algorithms=[GradientClipping(), SAM()]`` the SAM gradient is the one clipped.
+The replay is the step itself, as Composer's closure is: `run_microbatches` again, with
+BEFORE_TRAIN_BATCH, every microbatch's forward, loss and backward events and
+AFTER_TRAIN_BATCH fired for the other algorithms (and the callbacks), so what they do to
+the inputs, targets, loss and gradients (mixup, cutmix, label smoothing, gradient
+clipping, ...) is in the second gradient too. SAM runs first (``order = "first"``), so at
+AFTER_TRAIN_BATCH, where events run in reverse, it runs last: every other method has
+handled the first gradient before SAM uses it, and handles the second inside the replay.
+The replay's loss does not replace the step's loss, and train metrics are not counted
+twice.
+
+With ``amp_fp16`` the gradients may still be scaled when SAM reads them: the direction
+``g / ||g||`` does not depend on the scale (``epsilon`` is negligible beside ``||g||``).
+A first gradient with inf/NaN skips the SAM step (the grad scaler then skips the optimizer
+step and lowers its scale, as Composer's closure scaler does); otherwise the precision's
+per-step records are reset (`Precision.reset_after_oom`) before the replay, so the
+scaler unscales and checks the second gradient, which is the one stepped.
 """
 
 from __future__ import annotations
 
-import contextlib
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +34,10 @@ import torch
 from torch import nn
 
 from trainkit.algorithms._passes import ComposableAlgorithm
-from trainkit.core import Event, Logger, State
+from trainkit.core import Engine, Event, Logger, State
 from trainkit.core.config import build_config
-from trainkit.core.loop import microbatch_weights
+from trainkit.core.loop import run_microbatches
+from trainkit.core.rng import get_rng_state, set_rng_state
 
 __all__ = ["SAM", "SAMConfig", "sam_gradient"]
 
@@ -56,26 +66,31 @@ class SAMConfig:
 
 def sam_gradient(
     model: nn.Module,
-    loss_at: Any,
+    loss_at: Callable[[], Any],
     config: SAMConfig | None = None,
     /,
+    *,
+    skip_non_finite: bool = False,
     **options: Any,
-) -> None:
+) -> bool:
     """Replace the gradients in ``model`` (already computed at its weights) by SAM's.
 
     ``loss_at()`` must run forward and backward at the model's current weights (it is
     called once, at the perturbed weights, with gradients cleared). The weights are
     restored exactly afterwards. ``rho`` and ``epsilon`` come from the `SAMConfig` or
-    keyword arguments (``interval`` is the Algorithm's business).
+    keyword arguments (``interval`` is the Algorithm's business). With
+    ``skip_non_finite``, a gradient whose norm is inf or NaN (an fp16 overflow) is left as
+    it is and False is returned (this reads the norm on the host); otherwise True.
     """
     cfg = build_config(SAMConfig, config, options)
-    rho, epsilon = cfg.rho, cfg.epsilon
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         raise ValueError("SAM found no gradients: run backward before computing the SAM gradient")
     with torch.no_grad():
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        scale = rho / (norm + epsilon)
+        if skip_non_finite and not bool(torch.isfinite(norm)):
+            return False
+        scale = cfg.rho / (norm + cfg.epsilon)
         saved = [p.detach().clone() for p in params]
         for param in params:
             param.add_(param.grad * scale.to(param.grad.dtype))
@@ -86,70 +101,67 @@ def sam_gradient(
         with torch.no_grad():
             for param, original in zip(params, saved, strict=True):
                 param.copy_(original)
+    return True
 
 
 class SAM(ComposableAlgorithm, config=SAMConfig):
-    """Takes sharpness-aware steps (see `SAMConfig`)."""
+    """Takes sharpness-aware steps (see `SAMConfig`).
+
+    Differences from Composer: the replay draws the same random numbers as the first pass
+    (the RNG state is restored for it), so mixup's pair and weight, dropout masks, ... are
+    those the first gradient was taken with, and the SAM objective is the same minibatch loss;
+    batch-norm statistics (and other buffers) are put back after the replay, so the perturbed
+    pass leaves no trace but its gradient; with several ranks, the ascent uses the all-reduced
+    first gradient (Composer and the paper's m-sharpness use each rank's own).
+    """
 
     config: SAMConfig
+    order = "first"  # so that it runs last at AFTER_TRAIN_BATCH (AFTER_* events reverse)
+    required_events = (Event.BEFORE_TRAIN_BATCH, Event.AFTER_TRAIN_BATCH)
 
     def __init__(self, config: SAMConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
-        self._microbatches: list[Any] = []
+        self._rng: dict[str, Any] | None = None
+        self._replaying = False
+        self._engine: Engine | None = None
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (
-            Event.FIT_START,
-            Event.BEFORE_TRAIN_BATCH,
-            Event.AFTER_FORWARD,
-            Event.AFTER_TRAIN_BATCH,
+        if self._replaying:
+            return False
+        return event in (Event.BEFORE_TRAIN_BATCH, Event.AFTER_TRAIN_BATCH) and (
+            (state.timestamp.batch + 1) % self.config.interval == 0
         )
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        if event == Event.FIT_START:
-            _check_run(state)
-        elif event == Event.BEFORE_TRAIN_BATCH:
-            self._microbatches = []
-        elif event == Event.AFTER_FORWARD:
-            self._microbatches.append(state.batch)
-        elif (state.timestamp.batch + 1) % self.config.interval == 0:
-            microbatches, self._microbatches = self._microbatches, []
-            sam_gradient(
-                state.parallelism.unwrap(state.model),
-                lambda: _forward_backward(state, microbatches),
-                self.config,
-            )
-
-
-def _check_run(state: State) -> None:
-    if state.precision.scales_loss:
-        raise ValueError(
-            f"SAM does not support precision {state.precision.name!r} (it scales the loss, and "
-            "its grad scaler may skip steps whose gradients SAM already used); use 'amp_bf16' "
-            "or 'fp32'"
-        )
-    loss_methods = [
-        type(a).__name__
-        for a in state.algorithms
-        if isinstance(a, ComposableAlgorithm) and a.mixes_targets
-    ]
-    if loss_methods:
-        warnings.warn(
-            f"SAM's perturbed pass recomputes the model's own loss, without what "
-            f"{', '.join(loss_methods)} do to the loss or targets",
-            stacklevel=2,
+        if event == Event.BEFORE_TRAIN_BATCH:
+            self._rng = get_rng_state()  # before any method draws for this step
+            return
+        assert self._rng is not None, "SAM needs BEFORE_TRAIN_BATCH before AFTER_TRAIN_BATCH"
+        model = state.parallelism.unwrap(state.model)
+        sam_gradient(
+            model,
+            lambda: self._replay(state, logger, model),
+            self.config,
+            skip_non_finite=state.precision.scales_loss,
         )
 
-
-def _forward_backward(state: State, microbatches: list[Any]) -> None:
-    model, data = state.model, state.train_data
-    unwrapped = state.parallelism.unwrap(model)
-    assert data is not None
-    weights = microbatch_weights(unwrapped, data, microbatches)
-    last = len(microbatches) - 1
-    for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
-        sync = contextlib.nullcontext() if index == last else state.parallelism.no_sync(model)
-        with sync:
-            with state.precision.autocast():
-                loss = unwrapped.loss(model(microbatch), microbatch)
-            (loss if weight is None else loss * weight).backward()
+    def _replay(self, state: State, logger: Logger, model: nn.Module) -> None:
+        if self._engine is None or self._engine.state is not state:
+            # The run's algorithms, passes and callbacks, on the same state: a second
+            # engine, since an algorithm is not handed the one running it.
+            self._engine = Engine(state, logger)
+        kept = (state.total_loss, state.outputs, state.loss, state.train_metrics)
+        buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        if state.precision.scales_loss:
+            state.precision.reset_after_oom()  # forget the first gradient's unscaling
+        set_rng_state(self._rng)
+        state.train_metrics = {}
+        self._replaying = True
+        try:
+            run_microbatches(state, self._engine)
+        finally:
+            self._replaying = False
+            state.total_loss, state.outputs, state.loss, state.train_metrics = kept
+            with torch.no_grad():
+                for buffer, value in buffers:
+                    buffer.copy_(value)
