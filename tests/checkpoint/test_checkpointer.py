@@ -78,7 +78,7 @@ def test_keep_rotates_but_never_the_newest(tmp_path):
 def test_load_path_latest_and_weights_only(tmp_path):
     source = trainer(tmp_path, max_duration="5ba")
     source.fit()
-    finetune = trainer(tmp_path, load_path="latest", weights_only=True)
+    finetune = trainer(tmp_path, load_path="latest", load_weights_only=True)
     assert torch.equal(flat_params(finetune.state.model), flat_params(source.state.model))
     assert finetune.state.timestamp.batch == 0  # only the weights came along
     assert finetune.state.optimizers[0].state == {} or all(

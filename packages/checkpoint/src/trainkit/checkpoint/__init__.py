@@ -1,8 +1,10 @@
 """trainkit.checkpoint: elastic sharded checkpoints on torch.distributed.checkpoint."""
 
 from trainkit.checkpoint._checkpointer import Checkpointer, CheckpointerConfig, list_checkpoints
+from trainkit.checkpoint._composer import load_torch_file
 from trainkit.checkpoint._errors import (
     CheckpointError,
+    CheckpointExistsError,
     MissingAlgorithmError,
     StorageError,
     UnsafeCheckpointError,
@@ -16,6 +18,7 @@ from trainkit.checkpoint._tools import export_checkpoint, inspect_checkpoint, ve
 
 __all__ = [
     "CheckpointError",
+    "CheckpointExistsError",
     "Checkpointer",
     "CheckpointerConfig",
     "LocalStorage",
@@ -30,6 +33,7 @@ __all__ = [
     "inspect_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "load_torch_file",
     "open_storage",
     "resolve_checkpoint",
     "save_checkpoint",

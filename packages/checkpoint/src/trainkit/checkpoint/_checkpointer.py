@@ -4,59 +4,113 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainkit.checkpoint._commit import LATEST, TMP_PREFIX, interrupted_saves, remove_checkpoint
 from trainkit.checkpoint._common import on_rank0
-from trainkit.checkpoint._errors import CheckpointError, MissingAlgorithmError, StorageError
+from trainkit.checkpoint._errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    MissingAlgorithmError,
+    StorageError,
+)
 from trainkit.checkpoint._load import load_checkpoint, load_from
 from trainkit.checkpoint._manifest import MANIFEST, Manifest
+from trainkit.checkpoint._names import (
+    check_folder_template,
+    check_name_format,
+    fill_folder,
+    format_name,
+    has_fields,
+)
 from trainkit.checkpoint._save import PendingSave, save_to
+from trainkit.checkpoint._select import check_ignore_keys, check_names
 from trainkit.checkpoint._storage import Storage, is_url, join, location, open_storage
-from trainkit.core import Callback, Event, Logger, State, Time, dist
+from trainkit.core import Callback, Event, Logger, State, Time, Timestamp, dist
 from trainkit.core.interval import IntervalTrigger, interval_trigger
 
 __all__ = ["Checkpointer", "CheckpointerConfig", "list_checkpoints"]
-
-
-_NAME_FIELDS = ("epoch", "batch", "sample", "token", "batch_in_epoch")
 
 
 @dataclass(kw_only=True)
 class CheckpointerConfig:
     """The options of `Checkpointer` (and the ``checkpoint:`` section of a CLI config)."""
 
-    folder: str
+    folder: str | None
     """Where checkpoints go, one sub-folder each (``name_format``): a local folder or a URL
-    (``"s3://bucket/prefix"``). A `pathlib.Path` is accepted and stored as a string."""
+    (``"s3://bucket/prefix"``). ``{run_name}`` (and ``{rank}``, ``{world_size}``, as in
+    ``name_format``) are filled in when the run starts, e.g. ``"runs/{run_name}/checkpoints"``.
+    A `pathlib.Path` is accepted and stored as a string. None: only load (from ``load_path``,
+    which may then not be ``"latest"``), never save; ``autoresume`` needs a folder."""
     interval: str | int | Time | IntervalTrigger = "1ep"
     """How often to save: a duration (``"1ep"``, ``"500ba"``, ``"0.1dur"``; an int counts
     epochs) or, from Python, a callable ``(state, event) -> bool``. The end of every
     ``fit`` is always saved."""
     keep: int = -1
     """How many checkpoints to keep (-1: all). The newest is never deleted."""
-    autoresume: bool = False
-    """Resume from the newest complete checkpoint in ``folder`` (start fresh if there is
-    none); takes precedence over ``load_path``."""
-    load_path: str | None = None
-    """A checkpoint folder (local or a URL), or ``"latest"`` (the newest in ``folder``), to
-    start the run from."""
-    weights_only: bool = False
-    """From ``load_path``, load only the model weights (e.g. to fine-tune)."""
-    strict: bool = True
-    """Parameter names must match the checkpoint's, and the run must have every algorithm
-    the checkpoint needs (``required_on_load``); False skips both with a warning."""
-    ignore_keys: list[str] = field(default_factory=list)
-    """Glob patterns of entries not to load (``"model/head.*"``, ``"rng"``)."""
+    name_format: str = "ep{epoch}-ba{batch}"
+    """Sub-folder name of each checkpoint. Fields: the `Timestamp`'s (``{epoch}``,
+    ``{batch}``, ``{sample}``, ``{token}``, ``{batch_in_epoch}``, ``{sample_in_epoch}``,
+    ``{token_in_epoch}``, and the wall-clock seconds ``{total_wct}``, ``{epoch_wct}``,
+    ``{batch_wct}``, e.g. ``{total_wct:.0f}``), ``{run_name}``, ``{world_size}``, and
+    ``{rank}`` (also ``{local_rank}``, ``{node_rank}``), which is always 0: one checkpoint
+    is one folder holding every rank's shards, published by rank 0, so its name is rank 0's
+    and ranks can never write different folders (Composer fills in each rank's number, but
+    there too only rank 0 writes a file, or a sharded save's shared folder). The name is
+    formatted on rank 0 and sent to the others. A trailing ``.pt`` (Composer's
+    ``"ep{epoch}-ba{batch}-rank{rank}.pt"``) is dropped, giving the folder
+    ``ep1-ba42-rank0``: a checkpoint is a folder, never one ``torch.save`` file; archive and
+    compressed suffixes (``.tar.gz``, ``.pt.zst``, ...) are refused."""
+    overwrite: bool = False
+    """Replace a checkpoint (or anything) already at a save's name: atomically on a file
+    system (the old folder is swapped out in one step), by removing the old one first on an
+    object store. Without it such a save raises `CheckpointExistsError` before anything is
+    written, and, at the first ``fit``, so does a folder holding checkpoints this run would
+    save over later (as Composer's ``save_overwrite=False``). With ``autoresume``, the
+    checkpoints newer than the one the run resumed from (its lost progress, e.g. after a
+    crash before ``latest`` was updated) are replaced without it."""
+    save_weights_only: bool = False
+    """Save only the model weights (smaller; a run cannot resume from them, so this does
+    not go with ``autoresume``, but another can start from them with
+    ``load_weights_only=True``)."""
     async_save: bool = False
     """Return to training once the state is staged in host memory; the write, upload and
     commit finish in the background."""
-    name_format: str = "ep{epoch}-ba{batch}"
-    """Sub-folder name of each checkpoint; its fields are the `Timestamp`'s (``epoch``,
-    ``batch``, ``sample``, ``token``, ``batch_in_epoch``)."""
+    autoresume: bool = False
+    """Resume from the newest complete checkpoint in ``folder`` (start fresh, or from
+    ``load_path``, if there is none), restoring everything: ``load_weights_only``,
+    ``ignore_keys`` and ``exclude_algorithms`` apply to ``load_path`` only, as in Composer.
+    Takes precedence over ``load_path``; with a ``{run_name}`` folder, give the run a fixed
+    ``run_name``."""
+    load_path: str | None = None
+    """What to start the run from: a checkpoint folder (local or a URL), ``"latest"`` (the
+    newest in ``folder``), or a ``.pt`` file Composer saved (local or a URL; read with
+    ``torch.load(weights_only=True)``, never running code from it): model weights mapped to
+    the model's names, and unless ``load_weights_only`` its optimizer state, time and
+    random generators (see `load_torch_file`). ``{run_name}`` and ``{rank}`` (0: Composer's
+    rank-0 file) are filled in."""
+    load_weights_only: bool = False
+    """From ``load_path``, load only the model weights (e.g. to fine-tune); the run starts
+    at batch 0 with fresh optimizers."""
+    strict: bool = True
+    """Parameter names must match the checkpoint's, and the run must have every algorithm
+    the checkpoint needs (``required_on_load``); False skips both with a warning. (Composer's
+    ``load_strict_model_weights`` defaults to False and covers the names only.)"""
+    ignore_keys: list[str] | Callable[[dict[str, Any]], None] = field(default_factory=list)
+    """What not to load from ``load_path``: glob patterns of entries (``"model/head.*"``,
+    ``"rng"``, ``"optimizers"``; Composer's ``"state/model/head.*"`` works too), which keep
+    the run's own values; or, from Python only, a callable ``(state_dict) -> None`` that
+    edits the loaded state in place before it is put into the run, as Composer's: for a
+    trainkit checkpoint it gets ``{"state": {"model": ..., "optimizers": [...], ...}}``, for a
+    Composer ``.pt`` Composer's own dict."""
+    exclude_algorithms: list[str] = field(default_factory=list)
+    """Algorithm class names (``"BlurPool"``) whose saved state is not loaded from
+    ``load_path``, and which the run need not have even where the checkpoint requires them
+    (``required_on_load``), as Composer's ``load_exclude_algorithms``: to take weights from a
+    run with surgery into one without (layers that do not fit then need ``strict=False``)."""
     verify: bool = True
     """Check the sha256 of every file before loading (sizes are always checked)."""
     storage_options: dict[str, Any] | None = None
@@ -67,7 +121,7 @@ class CheckpointerConfig:
     (default: a folder in the system's temporary directory)."""
 
     def __post_init__(self) -> None:
-        self.folder = _path_text(self.folder, "folder")
+        self.folder = None if self.folder is None else _path_text(self.folder, "folder")
         self.load_path = None if self.load_path is None else _path_text(self.load_path, "load_path")
         self.local_dir = None if self.local_dir is None else _path_text(self.local_dir, "local_dir")
         keep = self.keep
@@ -76,20 +130,20 @@ class CheckpointerConfig:
                 f"keep={keep!r} is not valid; use a positive number of checkpoints, or -1 to keep all"
             )
         interval_trigger(self.interval, at_end=False)  # raises naming the accepted forms
-        try:
-            example = self.name_format.format(**{name: 0 for name in _NAME_FIELDS})
-            if "/" in example or "\\" in example or example.startswith("."):
-                raise ValueError("a folder name cannot hold '/' or start with '.'")
-        except (KeyError, IndexError, ValueError) as err:
+        check_name_format(self.name_format)
+        if self.folder is None and (self.autoresume or self.load_path == LATEST):
             raise ValueError(
-                f"name_format {self.name_format!r} is not valid ({err}); use fields like "
-                "'{epoch}', '{batch}'"
-            ) from err
-        if isinstance(self.ignore_keys, str):
-            raise TypeError(
-                f"ignore_keys must be a list of patterns, got the string {self.ignore_keys!r}"
+                f"{'autoresume=True' if self.autoresume else 'load_path=latest'} looks for "
+                "checkpoints in folder, and folder is None; give the folder"
             )
-        self.ignore_keys = list(self.ignore_keys)
+        if self.folder is not None:
+            check_folder_template(self.folder)
+        if self.load_path is not None:
+            check_folder_template(self.load_path)
+        self.ignore_keys = check_ignore_keys(self.ignore_keys)
+        self.exclude_algorithms = check_names(
+            self.exclude_algorithms, "exclude_algorithms", "algorithm class names"
+        )
         if self.storage_options is not None:
             self.storage_options = dict(self.storage_options)
 
@@ -118,52 +172,100 @@ class Checkpointer(Callback, config=CheckpointerConfig):
     )
 
     def __init__(self, config: CheckpointerConfig | None = None, /, **options: Any) -> None:
+        if "weights_only" in options:
+            raise TypeError(
+                "Checkpointer has no option 'weights_only': use load_weights_only=True to load "
+                "only the weights from load_path, or save_weights_only=True to save only them"
+            )
         super().__init__(config, **options)
         config = self.config
-        self.storage: Storage = open_storage(config.folder, config.storage_options)
-        self.folder = location(self.storage, "")
         self.trigger = interval_trigger(config.interval, at_end=False)
+        self.storage: Storage | None = None
+        self.folder: Path | str | None = None  # set when the run starts if folder has fields
+        if config.folder is not None and not has_fields(config.folder):
+            self._open_folder(config.folder)
         self.pending: PendingSave | None = None
         self.saved_at: tuple[int, int] | None = None
         self.loaded_from: Path | str | None = None
         self._cleared = False
+        self._checked_existing = False
+        self._replaceable: frozenset[str] = frozenset()
+
+    def _open_folder(self, folder: str) -> Storage:
+        self.storage = open_storage(folder, self.config.storage_options)
+        self.folder = location(self.storage, "")
+        return self.storage
+
+    def _storage_for(self, state: State) -> Storage:
+        if self.storage is not None:
+            return self.storage
+        if self.config.folder is None:
+            raise ValueError("this Checkpointer has no folder (folder=None): it only loads")
+        world = dist.get_world_size()
+        return self._open_folder(
+            fill_folder(self.config.folder, run_name=state.run_name, world_size=world)
+        )
+
+    def _name(self, state: State) -> str:
+        return format_name(
+            self.config.name_format,
+            timestamp=state.timestamp,
+            run_name=state.run_name,
+            world_size=dist.get_world_size(),
+        )
 
     # --- loading ---------------------------------------------------------------------------
 
     def before_load(self, state: State, logger: Logger) -> None:
         config = self.config
-        if config.autoresume and (found := self._newest_loadable(state)) is not None:
-            self.loaded_from = location(self.storage, found)
-            self.saved_at = (state.timestamp.epoch, state.timestamp.batch)
-            return
+        if config.folder is not None:
+            self._storage_for(state)
+            self._name(state)  # a run_name that cannot name a folder fails here, not later
+        if config.autoresume and config.save_weights_only:
+            # Checked here rather than in the config, which takes each field on its own.
+            raise ValueError(
+                "autoresume=True needs full checkpoints, but save_weights_only=True saves only "
+                "the model weights, from which a run cannot resume; drop one of them"
+            )
+        if config.autoresume:
+            found = self._newest_loadable(state)
+            self._replaceable = frozenset(on_rank0(lambda: self._newer_than(state.timestamp)))
+            if found is not None:
+                self.loaded_from = location(self._storage_for(state), found)
+                self.saved_at = (state.timestamp.epoch, state.timestamp.batch)
+                return
         if config.load_path is None:
             return
+        path = fill_folder(
+            config.load_path, run_name=state.run_name, world_size=dist.get_world_size()
+        )
         options: dict[str, Any] = {
-            "weights_only": config.weights_only,
+            "weights_only": config.load_weights_only,
             "strict": config.strict,
             "ignore_keys": config.ignore_keys,
+            "exclude_algorithms": config.exclude_algorithms,
             "verify": config.verify,
             "local_dir": config.local_dir,
         }
-        if config.load_path == LATEST:
-            load_from(self.storage, LATEST, state, **options)
-            self.loaded_from = location(self.storage, LATEST)
+        if path == LATEST:
+            storage = self._storage_for(state)
+            load_from(storage, LATEST, state, **options)
+            self.loaded_from = location(storage, LATEST)
         else:
-            storage_options = config.storage_options if is_url(config.load_path) else None
-            load_checkpoint(state, config.load_path, storage_options=storage_options, **options)
-            self.loaded_from = config.load_path
+            storage_options = config.storage_options if is_url(path) else None
+            load_checkpoint(state, path, storage_options=storage_options, **options)
+            self.loaded_from = path
 
     def _newest_loadable(self, state: State) -> str | None:
-        config = self.config
-        names = on_rank0(lambda: _complete(self.storage, newest_first=True, prefer_latest=True))
+        config, storage = self.config, self._storage_for(state)
+        names = on_rank0(lambda: _complete(storage, newest_first=True, prefer_latest=True))
         for name in names:
             try:
                 load_from(
-                    self.storage,
+                    storage,
                     name,
                     state,
                     strict=config.strict,
-                    ignore_keys=config.ignore_keys,
                     verify=config.verify,
                     local_dir=config.local_dir,
                 )
@@ -174,38 +276,88 @@ class Checkpointer(Callback, config=CheckpointerConfig):
                 raise
             except CheckpointError as err:
                 warnings.warn(
-                    f"cannot resume from {location(self.storage, name)} ({err}); "
+                    f"cannot resume from {location(storage, name)} ({err}); "
                     "trying the previous checkpoint",
                     stacklevel=2,
                 )
         return None
 
+    def _newer_than(self, timestamp: Timestamp) -> list[str]:
+        """Rank 0: the complete checkpoints saved after ``timestamp`` (by batch)."""
+        assert self.storage is not None, "opened in before_load"
+        return [
+            name
+            for name, manifest in _manifests(self.storage)
+            if manifest.timestamp.get("batch", 0) > timestamp.batch
+        ]
+
     # --- saving ----------------------------------------------------------------------------
 
+    def fit_start(self, state: State, logger: Logger) -> None:
+        saves = self.config.folder is not None
+        if saves and not self.config.overwrite and not self._checked_existing:
+            self._storage_for(state)
+            on_rank0(lambda: self._refuse_future_collisions(state))
+        self._checked_existing = True
+
+    def _refuse_future_collisions(self, state: State) -> None:
+        """Rank 0: raise if the folder holds checkpoints from later in training that this
+        run would save over (the same name at the same point), as Composer checks."""
+        assert self.storage is not None, "opened in before_load"
+        clashes = []
+        for name, manifest in _manifests(self.storage):
+            if manifest.timestamp.get("batch", 0) <= state.timestamp.batch:
+                continue
+            try:
+                then = Timestamp.from_state_dict(manifest.timestamp)
+                again = format_name(
+                    self.config.name_format,
+                    timestamp=then,
+                    run_name=state.run_name,
+                    world_size=dist.get_world_size(),
+                )
+            except (ValueError, TypeError, KeyError):
+                continue
+            if again == name and name not in self._replaceable:
+                clashes.append(f"{name} (batch {then.batch})")
+        if clashes:
+            raise CheckpointExistsError(
+                f"{self.folder} already holds checkpoints from later in training that this run "
+                f"(now at batch {state.timestamp.batch}) would save over: {', '.join(clashes[:5])}"
+                f"{' ...' if len(clashes) > 5 else ''}. Use another folder, delete them, resume "
+                "the run that wrote them (autoresume=True), or allow replacing them with "
+                "overwrite=True (the Trainer's save_overwrite=True)"
+            )
+
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
-        if self.trigger(state, Event.BATCH_END):
+        if self.config.folder is not None and self.trigger(state, Event.BATCH_END):
             self.save(state)
 
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
-        if self.trigger(state, Event.EPOCH_END):
+        if self.config.folder is not None and self.trigger(state, Event.EPOCH_END):
             self.save(state)
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        if self.saved_at != (state.timestamp.epoch, state.timestamp.batch):
+        at = (state.timestamp.epoch, state.timestamp.batch)
+        if self.config.folder is not None and self.saved_at != at:
             self.save(state)
         self.wait()
 
     def save(self, state: State) -> PendingSave:
         """Save now (after the previous save, if still running, has finished)."""
         self.wait()
-        name = self.config.name_format.format(**state.timestamp.state_dict())
+        storage = self._storage_for(state)
         if not self._cleared:
             on_rank0(self._clear_interrupted_saves)
             self._cleared = True
+        # Named on rank 0: wall-clock fields differ between ranks, the folder must not.
+        name = on_rank0(lambda: self._name(state))
         self.pending = save_to(
-            self.storage,
+            storage,
             name,
             state,
+            weights_only=self.config.save_weights_only,
+            overwrite=self.config.overwrite or name in self._replaceable,
             async_save=self.config.async_save,
             local_dir=self.config.local_dir,
         )
@@ -217,6 +369,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
     def _clear_interrupted_saves(self) -> None:
         # What saves of an earlier, interrupted run left behind. Later saves of this run
         # never leave any: each is awaited (and fails loudly) before the next starts.
+        assert self.storage is not None, "opened before the first save"
         for folder in interrupted_saves(self.storage):
             remove_checkpoint(self.storage, folder)
 
@@ -228,7 +381,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             self._rotate()
 
     def _rotate(self) -> None:
-        if self.config.keep == -1 or dist.get_rank() != 0:
+        if self.config.keep == -1 or dist.get_rank() != 0 or self.storage is None:
             return
         try:
             for old in _complete(self.storage, newest_first=True)[self.config.keep :]:
@@ -237,7 +390,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             # Training goes on; the next rotation tries again.
             warnings.warn(f"could not remove old checkpoints: {err}", stacklevel=2)
 
-    def close(self) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         self.wait()
 
 
@@ -258,7 +411,8 @@ def list_checkpoints(
     return [location(storage, name) for name in names]  # type: ignore[return-value]
 
 
-def _complete(storage: Storage, *, newest_first: bool, prefer_latest: bool = False) -> list[str]:
+def _manifests(storage: Storage) -> list[tuple[str, Manifest]]:
+    """Every complete checkpoint (with a readable manifest) in ``storage``, by name."""
     found = []
     for name in storage.list_folders():
         if name.startswith(TMP_PREFIX):
@@ -268,10 +422,17 @@ def _complete(storage: Storage, *, newest_first: bool, prefer_latest: bool = Fal
         except (FileNotFoundError, IsADirectoryError):
             continue  # not a checkpoint, or an interrupted save
         try:
-            manifest = Manifest.parse(data, f"{location(storage, name)}/{MANIFEST}")
+            found.append((name, Manifest.parse(data, f"{location(storage, name)}/{MANIFEST}")))
         except CheckpointError:
             continue
-        found.append((manifest.timestamp.get("batch", 0), manifest.created, name))
+    return found
+
+
+def _complete(storage: Storage, *, newest_first: bool, prefer_latest: bool = False) -> list[str]:
+    found = [
+        (manifest.timestamp.get("batch", 0), manifest.created, name)
+        for name, manifest in _manifests(storage)
+    ]
     ordered = [name for *_, name in sorted(found, reverse=newest_first)]
     if prefer_latest:
         try:

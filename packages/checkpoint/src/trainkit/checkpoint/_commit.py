@@ -14,18 +14,27 @@
 
 A crash at any point leaves the previous checkpoint and ``latest`` intact, and a folder
 without a manifest is never taken for a checkpoint.
+
+A name that is already taken is refused in step 1, before any rank writes, unless the save
+may overwrite. On a file system the new folder then replaces the old one atomically (an
+exchange of the two folders, then the old one is removed), so ``<name>`` always holds one
+complete checkpoint; an object store cannot rename, so there the old checkpoint is removed
+in step 1 and ``<name>`` is incomplete until step 4.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import secrets
 import shutil
+import sys
 import time
 from pathlib import Path
 
-from trainkit.checkpoint._errors import CheckpointError
+from trainkit.checkpoint._errors import CheckpointError, CheckpointExistsError
 from trainkit.checkpoint._manifest import MANIFEST, FileEntry, Manifest, describe_files, fsync_dir
 from trainkit.checkpoint._storage import Storage, join, location
 
@@ -36,6 +45,7 @@ __all__ = [
     "Commit",
     "begin",
     "interrupted_saves",
+    "occupant",
     "remove_checkpoint",
 ]
 
@@ -46,23 +56,59 @@ _SIDE_FILES = ".files-{token}"
 _SIDE_FILE_TIMEOUT = 600.0
 
 
-def begin(storage: Storage, name: str) -> str:
-    """Rank 0, before any rank writes: prepare the save; returns the token that names it."""
+def begin(storage: Storage, name: str, *, overwrite: bool) -> str:
+    """Rank 0, before any rank writes: prepare the save; returns the token that names it.
+
+    Raises `CheckpointExistsError` when ``name`` is taken and ``overwrite`` is False.
+    """
+    if not overwrite and (what := occupant(storage, name)) is not None:
+        raise CheckpointExistsError(
+            f"{location(storage, name)} already holds {what}; nothing was written. Save under "
+            "another name (name_format) or folder, delete it, or allow replacing it with "
+            "overwrite=True (the Trainer's save_overwrite=True)"
+        )
     token = secrets.token_hex(4)
     pending = storage.local_path(f"{TMP_PREFIX}{name}-{token}")
     if pending is not None:
         pending.mkdir(parents=True)
     else:
-        remove_checkpoint(storage, name)  # a re-save at the same point replaces it
+        remove_checkpoint(storage, name)  # an object store cannot swap folders: old one first
         storage.write_bytes(join(name, INCOMPLETE), token.encode())
     return token
+
+
+def occupant(storage: Storage, name: str) -> str | None:
+    """What the folder ``name`` holds, in words, or None when a save may take the name
+    (nothing there, or what an interrupted save on an object store left)."""
+    try:
+        data = storage.read_bytes(join(name, MANIFEST))
+    except (FileNotFoundError, IsADirectoryError):
+        if not storage.exists(name) or storage.exists(join(name, INCOMPLETE)):
+            return None
+        return "a folder that is not a checkpoint (it has no manifest)"
+    try:
+        manifest = Manifest.parse(data, f"{location(storage, name)}/{MANIFEST}")
+    except CheckpointError:
+        return "a folder with an unreadable manifest"
+    run = f" of run {manifest.run_name!r}" if manifest.run_name else ""
+    return f"a checkpoint{run} (saved at batch {manifest.timestamp.get('batch', 0)})"
 
 
 class Commit:
     """Steps 2-4 of one save, after DCP has written the shards into ``staging``."""
 
-    def __init__(self, storage: Storage, name: str, token: str, staging: Path, manifest: Manifest):
+    def __init__(
+        self,
+        storage: Storage,
+        name: str,
+        token: str,
+        staging: Path,
+        manifest: Manifest,
+        *,
+        overwrite: bool,
+    ):
         self.storage, self.name, self.token = storage, name, token
+        self.overwrite = overwrite
         self.staging, self.manifest = staging, manifest
         self.in_place = storage.local_path("") is not None
         self.pending = f"{TMP_PREFIX}{name}-{token}" if self.in_place else name
@@ -114,7 +160,7 @@ class Commit:
         self.manifest.files = files | describe_files(self.staging, [".metadata"])
         storage.write_bytes(join(self.pending, MANIFEST), self.manifest.to_json().encode())
         if self.in_place:
-            _rename(storage, self.pending, self.name)
+            _rename(storage, self.pending, self.name, self.overwrite)
         else:
             storage.delete(join(self.name, INCOMPLETE))
         storage.write_bytes(LATEST, f"{self.name}\n".encode())
@@ -126,13 +172,55 @@ class Commit:
             shutil.rmtree(self.staging, ignore_errors=True)
 
 
-def _rename(storage: Storage, pending: str, name: str) -> None:
+def _rename(storage: Storage, pending: str, name: str, overwrite: bool) -> None:
     source, target = storage.local_path(pending), storage.local_path(name)
     assert source is not None and target is not None, "only file systems rename"
-    if target.exists():
-        shutil.rmtree(target)  # a re-save at the same point replaces the old folder
-    os.rename(source, target)
-    fsync_dir(target.parent)
+    if not target.exists():
+        os.rename(source, target)
+        fsync_dir(target.parent)
+        return
+    if not overwrite:  # taken while this save was written (begin found the name free)
+        raise CheckpointExistsError(
+            f"{target} appeared while this checkpoint was being written; it was left as it is "
+            f"and the new one not published (its files are in {source})"
+        )
+    if _exchange(source, target):
+        fsync_dir(target.parent)
+    else:
+        # No atomic exchange here: for a moment no folder has the name. A crash then leaves
+        # both in hidden folders; `latest` names a missing folder, and resuming falls back to
+        # the newest complete checkpoint.
+        aside = target.with_name(f"{TMP_PREFIX}replaced-{source.name.removeprefix(TMP_PREFIX)}")
+        os.rename(target, aside)
+        os.rename(source, target)
+        fsync_dir(target.parent)
+        source = aside
+    shutil.rmtree(source, ignore_errors=True)  # the old checkpoint, now under a hidden name
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two folders atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or file system cannot (then nothing was changed)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it (glibc < 2.28, musl)
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    renameat2.argtypes += [ctypes.c_uint]
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
+    )
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # e.g. NFS, old kernels
+        return False
+    raise OSError(code, os.strerror(code), str(first), None, str(second))
 
 
 def remove_checkpoint(storage: Storage, name: str) -> None:

@@ -14,6 +14,7 @@ from trainkit.checkpoint._errors import CheckpointError
 from trainkit.core import dist
 
 __all__ = [
+    "agreed",
     "is_node_leader",
     "on_rank0",
     "plain_errors",
@@ -38,6 +39,25 @@ def on_rank0(fn: Callable[[], T]) -> T:
     result, error = dist.broadcast_object((result, error))
     if error is not None:
         raise error
+    return result  # type: ignore[return-value]
+
+
+def agreed(fn: Callable[[], T]) -> T:
+    """``fn()`` run on every rank; if it failed on any rank, an error on all (collective).
+
+    For checks before a collective step: no rank goes on into it while another has failed.
+    """
+    if dist.get_world_size() == 1:
+        return fn()
+    result: T | None = None
+    error: Exception | None = None
+    try:
+        result = fn()
+    except Exception as err:
+        error = shareable(err)
+    errors = [e for e in dist.all_gather_object(error) if e is not None]
+    if errors:
+        raise error if error is not None else errors[0]
     return result  # type: ignore[return-value]
 
 

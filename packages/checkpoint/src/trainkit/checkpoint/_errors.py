@@ -2,6 +2,7 @@
 
 __all__ = [
     "CheckpointError",
+    "CheckpointExistsError",
     "MissingAlgorithmError",
     "StorageError",
     "UnsafeCheckpointError",
@@ -10,6 +11,11 @@ __all__ = [
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupted, or does not fit the run."""
+
+
+class CheckpointExistsError(CheckpointError):
+    """A save would replace an existing checkpoint (or folder) and overwriting was not allowed;
+    nothing was written."""
 
 
 class UnsafeCheckpointError(CheckpointError):

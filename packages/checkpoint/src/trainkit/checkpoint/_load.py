@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import copy
-import fnmatch
 import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DCP's own key naming
 
 from trainkit.checkpoint._common import on_rank0, plain_errors, single_process_is_intended
-from trainkit.checkpoint._errors import CheckpointError, MissingAlgorithmError
+from trainkit.checkpoint._composer import is_torch_file, load_torch_file
+from trainkit.checkpoint._errors import CheckpointError
 from trainkit.checkpoint._fetch import fetched, resolve
 from trainkit.checkpoint._manifest import Manifest
 from trainkit.checkpoint._safe import SafeLoadPlanner, SafeReader
+from trainkit.checkpoint._select import (
+    IgnoreKeys,
+    check_required_algorithms,
+    drop_excluded_algorithms,
+    drop_matching,
+)
 from trainkit.checkpoint._storage import Storage, location, open_storage, split_location
 from trainkit.core import State, dist
 
@@ -39,7 +46,8 @@ def load_checkpoint(
     *,
     weights_only: bool = False,
     strict: bool = True,
-    ignore_keys: Sequence[str] = (),
+    ignore_keys: IgnoreKeys = (),
+    exclude_algorithms: Sequence[str] = (),
     verify: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     local_dir: str | os.PathLike[str] | None = None,
@@ -48,15 +56,34 @@ def load_checkpoint(
 
     Args:
         path: a checkpoint folder, a ``latest`` file, or a folder with a ``latest`` file;
-            local, or a URL (``"s3://bucket/prefix/latest"``).
+            local, or a URL (``"s3://bucket/prefix/latest"``). Or a file Composer saved
+            (``"ep3-ba1500-rank0.pt"``, local or a URL): see `load_torch_file`.
         weights_only: load only the model weights (e.g. to fine-tune from another run).
-        strict: the model's parameter names must match the checkpoint's exactly.
-        ignore_keys: glob patterns of entries not to load, e.g. ``"model/head.*"``, ``"rng"``.
+        strict: the model's parameter names must match the checkpoint's exactly, and the
+            run must have every algorithm the checkpoint needs (``required_on_load``).
+        ignore_keys: glob patterns of entries not to load, e.g. ``"model/head.*"``, ``"rng"``
+            (a leading ``state/``, as Composer writes them, is optional); or a callable
+            ``(state_dict) -> None`` that edits the loaded state in place before it is put
+            into the run: it gets ``{"state": {"model": ..., "optimizers": [...], ...}}``
+            (a loaded copy), and what it deletes keeps the run's own values.
+        exclude_algorithms: algorithm class names (``"BlurPool"``) whose saved state is not
+            loaded and which the run need not have even if the checkpoint requires them.
         verify: check every file's sha256 against the manifest first (sizes always).
         storage_options: for a URL, options of its storage back end (see `S3Storage`).
         local_dir: for a URL, where the checkpoint is downloaded before it is loaded
             (default: a folder in the system's temporary directory; removed after loading).
     """
+    if is_torch_file(path):
+        return load_torch_file(
+            state,
+            path,
+            weights_only=weights_only,
+            strict=strict,
+            ignore_keys=ignore_keys,
+            exclude_algorithms=exclude_algorithms,
+            storage_options=storage_options,
+            local_dir=local_dir,
+        )
     root, name = split_location(path)
     return load_from(
         open_storage(root, storage_options),
@@ -65,6 +92,7 @@ def load_checkpoint(
         weights_only=weights_only,
         strict=strict,
         ignore_keys=ignore_keys,
+        exclude_algorithms=exclude_algorithms,
         verify=verify,
         local_dir=local_dir,
     )
@@ -77,7 +105,8 @@ def load_from(
     *,
     weights_only: bool = False,
     strict: bool = True,
-    ignore_keys: Sequence[str] = (),
+    ignore_keys: IgnoreKeys = (),
+    exclude_algorithms: Sequence[str] = (),
     verify: bool = True,
     local_dir: str | os.PathLike[str] | None = None,
 ) -> Manifest:
@@ -85,21 +114,26 @@ def load_from(
     key = on_rank0(lambda: resolve(storage, name))
     with fetched(storage, key, verify=verify, local_dir=local_dir) as folder:
         where = location(storage, key)
-        return _load_folder(state, folder, where, weights_only, strict, ignore_keys)
+        options = {"weights_only": weights_only, "strict": strict, "ignore_keys": ignore_keys}
+        return _load_folder(state, folder, where, exclude_algorithms=exclude_algorithms, **options)
 
 
 def _load_folder(
     state: State,
     folder: Path,
     where: Path | str,
+    *,
     weights_only: bool,
     strict: bool,
-    ignore_keys: Sequence[str],
+    ignore_keys: IgnoreKeys,
+    exclude_algorithms: Sequence[str],
 ) -> Manifest:
     manifest = Manifest.read(folder)
     if manifest.weights_only and not weights_only:
         raise CheckpointError(f"{where} holds model weights only; load it with weights_only=True")
-    _check_required_algorithms(manifest, state, strict, where)
+    check_required_algorithms(
+        manifest.required_algorithms, state, strict=strict, where=where, exclude=exclude_algorithms
+    )
     live = state.state_dict()
     template: dict[str, Any] = {"model": live["model"]} if weights_only else live
     if "rng" in template:
@@ -107,11 +141,20 @@ def _load_folder(
         # DCP loads into the template's tensors in place, so each entry needs its own.
         mine = live["rng"][dist.get_rank()]
         template["rng"] = [copy.deepcopy(mine) for _ in range(manifest.world_size)]
-    ignored = _drop_ignored(template, ignore_keys)
+    if exclude_algorithms:
+        known = [*(type(a).__qualname__ for a in state.algorithms), *manifest.required_algorithms]
+        drop_excluded_algorithms(template.get("algorithms", {}), exclude_algorithms, known)
+    edit = ignore_keys if callable(ignore_keys) else None
+    ignored = [] if edit else drop_matching(template, ignore_keys, into_lists=False)
+    if edit is not None:
+        # The callable edits loaded values: load into copies, so that the run's own tensors
+        # change only through load_state_dict, after the edit.
+        template = _copied(template)
     reader = SafeReader(folder)
     _check_model_keys(
         template, reader, strict and not any(k.startswith("model/") for k in ignored), where
     )
+    wanted = set(template.get("model", {}))
     full = {"state": template}
     with single_process_is_intended(), plain_errors(f"loading {where}"):
         dcp.load(
@@ -120,66 +163,25 @@ def _load_folder(
             planner=SafeLoadPlanner(allow_partial_load=True),
             no_dist=not dist.is_initialized(),
         )
+    if edit is not None:
+        edit(full)
+        kept = full.get("state", {}).get("model", {})
+        ignored = [f"model/{k}" for k in sorted(wanted - set(kept))]
     with warnings.catch_warnings():
         if weights_only:
             warnings.simplefilter("ignore")
-        state.load_state_dict(full["state"], strict=strict and not ignored)
+        state.load_state_dict(full.get("state", {}), strict=strict and not ignored)
     return manifest
 
 
-def _check_required_algorithms(
-    manifest: Manifest, state: State, strict: bool, where: Path | str
-) -> None:
-    """Refuse (warn with ``strict=False``) a checkpoint whose run had a structure-changing
-    algorithm that this run lacks: its weights would not fit, or fit silently wrong."""
-    present = {type(a).__qualname__ for a in state.algorithms}
-    missing = [name for name in manifest.required_algorithms if name not in present]
-    if not missing:
-        return
-    names = ", ".join(missing)
-    example = ", ".join(f"{name}()" for name in missing)
-    plural = "s" if len(missing) > 1 else ""
-    message = (
-        f"checkpoint {where} was saved by a run with the algorithm{plural} {names}, which "
-        f"change{'' if plural else 's'} the model's structure (required_on_load), but this run "
-        f"does not have {'them' if plural else 'it'}: add {'them' if plural else 'it'} to the run "
-        f"(e.g. algorithms=[{example}]) to load this checkpoint"
-    )
-    if strict:
-        raise MissingAlgorithmError(f"{message}, or load with strict=False to try anyway")
-    warnings.warn(f"{message}; loading anyway (strict=False)", stacklevel=5)
-
-
-def _drop_ignored(template: dict[str, Any], patterns: Sequence[str]) -> list[str]:
-    dropped: list[str] = []
-    if not patterns:
-        return dropped
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key in list(node):
-            path = f"{prefix}{key}"
-            if any(
-                fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(f"state/{path}", p)
-                for p in patterns
-            ):
-                del node[key]
-                dropped.append(path)
-            elif isinstance(node[key], dict):
-                walk(node[key], f"{path}/")
-
-    walk(template, "")
-    unused = [
-        p
-        for p in patterns
-        if not any(
-            fnmatch.fnmatchcase(d, p) or fnmatch.fnmatchcase(f"state/{d}", p) for d in dropped
-        )
-    ]
-    if unused:
-        warnings.warn(
-            f"ignore_keys patterns {unused} matched nothing in the run's state", stacklevel=5
-        )
-    return dropped
+def _copied(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {key: _copied(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_copied(value) for value in tree)
+    return copy.copy(tree)
 
 
 def _check_model_keys(

@@ -62,6 +62,7 @@ def save_checkpoint(
     path: str | os.PathLike[str],
     *,
     weights_only: bool = False,
+    overwrite: bool = False,
     async_save: bool = False,
     layout: dict[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -71,7 +72,9 @@ def save_checkpoint(
 
     Args:
         path: a local folder, or a URL of a remote one (``"s3://bucket/prefix/ep1-ba8"``).
-        weights_only: save only the model weights.
+        weights_only: save only the model weights (load them with ``weights_only=True``).
+        overwrite: replace what ``path`` holds (atomically on a file system). Without it a
+            taken ``path`` raises `CheckpointExistsError` before anything is written.
         async_save: return once the state is staged in host memory; the write, the upload
             and the commit (manifest, ``latest``) finish in the background.
         layout: how the run was parallelised, recorded in the manifest.
@@ -89,6 +92,7 @@ def save_checkpoint(
         name,
         state,
         weights_only=weights_only,
+        overwrite=overwrite,
         async_save=async_save,
         layout=layout,
         local_dir=local_dir,
@@ -101,13 +105,14 @@ def save_to(
     state: State,
     *,
     weights_only: bool = False,
+    overwrite: bool = False,
     async_save: bool = False,
     layout: dict[str, Any] | None = None,
     local_dir: str | os.PathLike[str] | None = None,
 ) -> PendingSave:
     """Save ``state`` as the folder ``name`` of ``storage`` (see `save_checkpoint`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    token = on_rank0(lambda: begin(storage, name))
+    token = on_rank0(lambda: begin(storage, name, overwrite=overwrite))
     staging = storage.local_path(f"{TMP_PREFIX}{name}-{token}") or (
         Path(local_dir or default_local_dir()) / f"{TMP_PREFIX}{name}-{token}-rank{rank}"
     )
@@ -125,7 +130,7 @@ def save_to(
         required_algorithms=required_algorithms(state),
     )
     published = location(storage, name)
-    commit = Commit(storage, name, token, staging, manifest)
+    commit = Commit(storage, name, token, staging, manifest, overwrite=overwrite)
     pending = PendingSave()
     writer = FileSystemWriter(staging, sync_files=True)
     no_dist = not dist.is_initialized()
