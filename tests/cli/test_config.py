@@ -251,10 +251,18 @@ def printed(capsys, *args):
     return capsys.readouterr().out
 
 
-def comments_above(text, key, indent):
-    """The comment lines right above ``<indent>key:`` joined into one line."""
+def comments_above(text, key, indent, section=None):
+    """The comment lines right above ``<indent>key:`` (inside top-level ``section:`` if
+    given) joined into one line."""
     lines = text.splitlines()
-    (index,) = [i for i, line in enumerate(lines) if line.startswith(" " * indent + f"{key}:")]
+    start, end = 0, len(lines)
+    if section is not None:
+        start = lines.index(f"{section}:")
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()),
+            len(lines),
+        )
+    (index,) = [i for i in range(start, end) if lines[i].startswith(" " * indent + f"{key}:")]
     comments = []
     for line in reversed(lines[:index]):
         if not line.startswith(" " * indent + "# "):
@@ -279,7 +287,7 @@ def test_print_config_documents_every_trainer_setting(capsys):
     docs = field_docs(TrainerConfig)
     for field in settings(TrainerConfig):
         assert field.name in config["trainer"]
-        assert comments_above(out, field.name, 2) == " ".join(docs[field.name].split())
+        assert comments_above(out, field.name, 2, "trainer") == " ".join(docs[field.name].split())
 
 
 def test_print_config_documents_component_fields(capsys):

@@ -25,3 +25,21 @@ def test_every_event_and_group_is_on_the_architecture_page():
     assert all(f"`{event.name}`" in text for event in Event)
     assert all(f"`{group}`" in text for group in plugins.GROUPS)
     assert all(f"`{f.name}`" in text for f in [*settings(TrainerConfig), *slots(TrainerConfig)])
+
+
+def test_coming_from_composer_names_real_fields_and_files():
+    import dataclasses
+    import re
+
+    from trainkit.core import TrainerConfig
+
+    text = (ROOT / "docs" / "coming-from-composer.md").read_text()
+    fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+    same = text.split("Same name, same meaning:", 1)[1].split("\n\n", 1)[0]
+    named = re.findall(r"`(\w+)`", same)
+    assert len(named) > 30 and set(named) <= fields, set(named) - fields
+    # The trainkit column of the renames table: `field=...` must be a Trainer field.
+    for _composer, trainkit in re.findall(r"^\| `(\w+)[=(`].*?\| `(\w+)=", text, re.MULTILINE):
+        assert trainkit in fields or trainkit[0].isupper() or trainkit in ("dist",), trainkit
+    for example in re.findall(r"`(examples/[\w.]+)`", text):
+        assert (ROOT / example).is_file(), example

@@ -7,7 +7,7 @@ any module that takes ``**batch`` and returns an output with ``loss`` and ``logi
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,10 +29,15 @@ class HuggingFaceModel(TrainModel):
     Args:
         model: e.g. ``GPT2LMHeadModel(GPT2Config(...))``.
         tokenizer: kept for callbacks that generate text or save the run (optional).
-        eval_metrics: metric objects by name; ``update(logits, labels)`` is called on each.
+        metrics: training metrics, by name, or a list (named by class, as Composer's
+            ``metrics``); none by default.
+        eval_metrics: eval metrics, by name or a list; ``update(logits, labels)`` is called
+            on each. Default: cross-entropy and perplexity.
         shift_labels: compare logits at position t with labels at t+1 (causal LMs). By
             default true for models whose config says they are not encoder-decoder and
             whose class name ends in ``ForCausalLM`` / ``LMHeadModel``.
+        use_logits: accepted for Composer scripts; metrics always receive the logits (what
+            Composer passes with ``use_logits=True``).
     """
 
     def __init__(
@@ -40,19 +45,22 @@ class HuggingFaceModel(TrainModel):
         model: nn.Module,
         *,
         tokenizer: Any = None,
-        eval_metrics: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | Sequence[Any] | None = None,
+        eval_metrics: Mapping[str, Any] | Sequence[Any] | None = None,
         shift_labels: bool | None = None,
+        use_logits: bool = True,
     ):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
+        self._train_metrics = _by_name(metrics) if metrics is not None else {}
         if shift_labels is None:
             causal_name = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
             encoder_decoder = getattr(self.config, "is_encoder_decoder", False)
             shift_labels = causal_name and not encoder_decoder
         self.shift_labels = shift_labels
         self._eval_metrics = (
-            dict(eval_metrics)
+            _by_name(eval_metrics)
             if eval_metrics is not None
             else {"cross_entropy": CrossEntropy(), "perplexity": Perplexity()}
         )
@@ -81,7 +89,7 @@ class HuggingFaceModel(TrainModel):
         return loss
 
     def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
-        return {} if is_train else copy.deepcopy(self._eval_metrics)
+        return copy.deepcopy(self._train_metrics if is_train else self._eval_metrics)
 
     def update_metric(self, batch: Mapping[str, Any], outputs: Any, metric: Any) -> None:
         logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs.logits
@@ -106,3 +114,15 @@ class HuggingFaceModel(TrainModel):
         """6 * parameters * tokens: forward and backward of a dense transformer."""
         params = sum(p.numel() for p in self.model.parameters())
         return 6.0 * params * batch["input_ids"].numel()
+
+
+def _by_name(metrics: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:
+    if isinstance(metrics, Mapping):
+        return dict(metrics)
+    named = {type(m).__name__: m for m in metrics}
+    if len(named) != len(metrics):
+        raise ValueError(
+            "two metrics of the same class in a list would share a name; pass a dict "
+            "{name: metric} instead"
+        )
+    return named

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import nn
 
@@ -28,6 +28,10 @@ class ParallelStrategy(Configurable, abc.ABC):
     Subclass it, implement ``prepare`` and ``data_parallel_size``, and override the rest
     where the defaults (a single replica's behaviour) do not fit.
     """
+
+    needs_process_group: ClassVar[bool] = False
+    """True for strategies that communicate (DDP, FSDP, tensor parallel): run without a
+    launcher, the Trainer then starts a one-rank process group for them (as Composer)."""
 
     @abc.abstractmethod
     def prepare(self, state: State) -> None:

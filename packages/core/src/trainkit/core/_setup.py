@@ -319,5 +319,43 @@ def set_python_log_level(level: str | None) -> None:
     logging.getLogger("trainkit").setLevel(level.upper())
 
 
+def checkpointer_from(config: Any, run_name: str) -> list[Any]:
+    """trainkit-checkpoint's Checkpointer built from the Trainer's ``save_*`` / ``load_*`` /
+    ``autoresume`` fields (found by entry point), or nothing when none asks for it."""
+    if config.save_folder is None and config.load_path is None:
+        return []
+    if "checkpointer" not in plugins.available("trainkit.callbacks"):
+        raise ImportError(
+            "save_folder / load_path / autoresume are carried out by trainkit-checkpoint, which "
+            "is not installed: `pip install trainkit-checkpoint`"
+        )
+    checkpointer_class = plugins.load("trainkit.callbacks", "checkpointer")
+    given = [c for c in config.callbacks if isinstance(c, checkpointer_class)]
+    if given:
+        raise ValueError(
+            "save_folder / load_path build a Checkpointer, and callbacks already has one; "
+            "configure that one instead (or drop it and keep the Trainer's save_* / load_* "
+            "arguments)"
+        )
+    options: dict[str, Any] = {
+        "folder": None
+        if config.save_folder is None
+        else config.save_folder.replace("{run_name}", run_name),
+        "interval": config.save_interval,
+        "keep": config.save_num_checkpoints_to_keep,
+        "overwrite": config.save_overwrite,
+        "save_weights_only": config.save_weights_only,
+        "autoresume": config.autoresume,
+        "load_path": config.load_path,
+        "load_weights_only": config.load_weights_only,
+        "strict": config.load_strict_model_weights,
+        "ignore_keys": config.load_ignore_keys if config.load_ignore_keys is not None else [],
+        "exclude_algorithms": list(config.load_exclude_algorithms or ()),
+    }
+    if config.save_filename is not None:
+        options["name_format"] = config.save_filename
+    return [checkpointer_class(**options)]
+
+
 def default_run_name() -> str:
     return dist.broadcast_object(time.strftime("run-%Y%m%d-%H%M%S"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +118,42 @@ class TrainerConfig:
     None leaves Python logging as the program set it."""
     run_name: str | None = None
     """Name of the run (default: from the start time)."""
+    save_folder: str | None = None
+    """Save checkpoints here (a folder or a URL such as ``"s3://bucket/runs/{run_name}"``):
+    the Trainer adds trainkit-checkpoint's `Checkpointer`, configured by the ``save_*`` /
+    ``load_*`` / ``autoresume`` fields. None: no checkpoints (unless a Checkpointer is
+    among ``callbacks``). ``{run_name}`` is filled in."""
+    save_filename: str | None = None
+    """Name of each checkpoint (a folder holding every rank's shards), with `Timestamp`
+    fields, ``{rank}`` and ``{run_name}``; Composer's ``"ep{epoch}-ba{batch}-rank{rank}.pt"``
+    is accepted. Default: the Checkpointer's (``"ep{epoch}-ba{batch}"``)."""
+    save_interval: Time | str | int | IntervalTrigger = "1ep"
+    """How often to save: ``"1ep"``, ``"500ba"``, ``"0.1dur"``, an int (epochs), or a callable
+    ``(state, event) -> bool``. The end of training is always saved."""
+    save_num_checkpoints_to_keep: int = -1
+    """Keep the newest this many checkpoints (-1: all)."""
+    save_overwrite: bool = False
+    """Replace a checkpoint of the same name; by default saving onto one is an error."""
+    save_weights_only: bool = False
+    """Save only the model weights (for inference or fine-tuning; such a checkpoint cannot
+    resume a run)."""
+    load_path: str | None = None
+    """Start from this checkpoint: a trainkit checkpoint folder (local or a URL), or a
+    Composer ``.pt`` file (read with ``weights_only`` unpickling, never running code)."""
+    load_weights_only: bool = False
+    """From ``load_path``, load only the model weights."""
+    load_strict_model_weights: bool = True
+    """Parameter names must match the checkpoint's exactly."""
+    load_ignore_keys: list[str] | Callable[[dict[str, Any]], None] | None = None
+    """Entries of ``load_path`` not to load: glob patterns (``"model/head.*"``, ``"rng"``) or,
+    from Python, a function that edits the loaded state dict in place."""
+    load_exclude_algorithms: list[str] | None = None
+    """Algorithms (class names) whose saved state is not loaded from ``load_path`` and whose
+    presence is not required (e.g. to fine-tune without a surgery method)."""
+    autoresume: bool = False
+    """Resume from the newest complete checkpoint in ``save_folder`` when there is one
+    (then ``load_path`` is ignored), else start as configured; for runs that are restarted
+    after a crash or a preemption."""
 
     def __post_init__(self) -> None:
         # What can be checked without the model, data or devices: a config file's mistakes
@@ -136,6 +172,10 @@ class TrainerConfig:
         )
         interval_trigger(self.console_log_interval)
         setup.check_python_log_level(self.python_log_level)
+        if self.autoresume and self.save_folder is None:
+            raise ValueError(
+                "autoresume=True needs save_folder: it resumes from the newest checkpoint there"
+            )
 
 
 class Trainer(Configurable, config=TrainerConfig):
@@ -152,7 +192,7 @@ class Trainer(Configurable, config=TrainerConfig):
         config = self.config
         model = config.model
         setup.check_model(model)
-        _join_launched_group(config.device)  # before the seed is agreed and the device picked
+        _join_process_group(config)  # before the seed is agreed and the device picked
         setup.set_python_log_level(config.python_log_level)
         parallelism = _resolve_parallelism(config.parallelism, model)
         device = resolve_device(config.device, dist.get_local_rank())
@@ -191,6 +231,7 @@ class Trainer(Configurable, config=TrainerConfig):
         optimizers = (
             setup.make_optimizers(config.optimizers, model) if config.optimizers is not None else []
         )
+        run_name = config.run_name or setup.default_run_name()
         self.state = state = State(
             model=model.to(device),
             optimizers=optimizers,
@@ -203,9 +244,9 @@ class Trainer(Configurable, config=TrainerConfig):
             device_train_microbatch_size=microbatch,
             auto_microbatching=auto,
             parallelism=parallelism,
-            run_name=config.run_name or setup.default_run_name(),
+            run_name=run_name,
             algorithms=list(config.algorithms),
-            callbacks=list(config.callbacks),
+            callbacks=[*config.callbacks, *setup.checkpointer_from(config, run_name)],
             train_subset_num_batches=config.train_subset_num_batches,
         )
         self.logger = Logger(destinations, state)
@@ -420,15 +461,24 @@ def _check_max_duration(max_duration: Time | str | int | None) -> Time | None:
     return duration
 
 
-def _join_launched_group(device: str | torch.device | None) -> None:
-    """Under a multi-rank launcher (torchrun's ``WORLD_SIZE`` > 1) with no process group
-    yet, start it, as Composer does: gloo for a CPU run, else NCCL when CUDA is there."""
-    if dist.is_initialized() or dist._launched_world_size() <= 1:
+def _join_process_group(config: TrainerConfig) -> None:
+    """Start the process group when the run needs one and none exists, as Composer does:
+    under a multi-rank launcher (torchrun's ``WORLD_SIZE`` > 1) every rank joins the job's
+    group; alone, a strategy that ``needs_process_group`` (FSDP on one device) gets a
+    one-rank group. gloo for a CPU run, else NCCL when CUDA is there."""
+    if dist.is_initialized():
         return
+    launched = dist._launched_world_size() > 1
+    strategy = config.parallelism
+    if not launched and not getattr(strategy, "needs_process_group", False):
+        return
+    device = config.device
     cpu = check_device(device) == Device.CPU or (
         isinstance(device, torch.device) and device.type == "cpu"
     )
-    dist.init_distributed(backend="gloo" if cpu else "auto", single_process=False)
+    dist.init_distributed(backend="gloo" if cpu else "auto", single_process=not launched)
+    if not launched:
+        log.info("started a one-rank process group for %s", type(strategy).__name__)
 
 
 def _resolve_parallelism(given: ParallelStrategy | None, model: nn.Module) -> ParallelStrategy:

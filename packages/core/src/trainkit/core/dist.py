@@ -23,6 +23,7 @@ __all__ = [
     "broadcast_object",
     "get_local_rank",
     "get_rank",
+    "get_sampler",
     "get_world_size",
     "init_distributed",
     "is_initialized",
@@ -163,6 +164,29 @@ def init_distributed(
         timeout=timeout,
     )
     return True
+
+
+def get_sampler(
+    dataset: Any, *, shuffle: bool = False, drop_last: bool = False, seed: int = 0
+) -> torch.utils.data.DistributedSampler:
+    """A `DistributedSampler` giving this rank its share of ``dataset`` (as Composer's
+    ``dist.get_sampler``). Usable before the Trainer starts the process group: the rank
+    and world size then come from the launcher's environment (torchrun's ``RANK`` and
+    ``WORLD_SIZE``; one rank without a launcher). The Trainer keeps the order resumable."""
+    if is_initialized():
+        rank, world_size = get_rank(), get_world_size()
+    elif _launched_world_size() > 1:
+        rank, world_size, *_ = _read_env(os.environ)
+    else:
+        rank, world_size = 0, 1
+    return torch.utils.data.DistributedSampler(
+        dataset,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        seed=seed,
+    )
 
 
 def _launched_world_size(env: Mapping[str, str] | None = None) -> int:

@@ -58,6 +58,7 @@ class DDP(ParallelStrategy, config=DDPConfig):
     """
 
     config: DDPConfig
+    needs_process_group = True
 
     def __init__(self, config: DDPConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)

@@ -125,6 +125,7 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
     """
 
     config: FSDPConfig
+    needs_process_group = True
 
     def __init__(self, config: FSDPConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)

@@ -82,6 +82,7 @@ class TensorParallel(ParallelStrategy, config=TensorParallelConfig):
     """
 
     config: TensorParallelConfig
+    needs_process_group = True
 
     def __init__(self, config: TensorParallelConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
