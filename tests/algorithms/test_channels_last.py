@@ -4,8 +4,15 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchvision.models import resnet18
 
-from trainkit.algorithms import ChannelsLast, apply_channels_last
+from trainkit.algorithms import (
+    ChannelsLast,
+    apply_blurpool,
+    apply_channels_last,
+    apply_squeeze_excite,
+    apply_stochastic_depth,
+)
 from trainkit.core import Callback, Classifier, Trainer, plugins
 
 
@@ -31,6 +38,31 @@ def test_changes_memory_format_and_keeps_results():
     assert not weight.is_contiguous()
     assert model[:1](x).is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(model(x), expected)
+
+
+def test_torchvision_resnet_with_surgery_stays_channels_last_throughout():
+    # After BlurPool, SqueezeExcite and StochasticDepth, every 4-D activation is still NHWC:
+    # no layer converts back to NCHW (each conversion would cost a copy on the GPU).
+    model = resnet18(num_classes=5).eval()
+    apply_blurpool(model)
+    apply_squeeze_excite(model, min_channels=128)
+    apply_stochastic_depth(model, target="BasicBlock")
+    x = torch.randn(2, 3, 64, 64)
+    expected = model(x)
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.ndim == 4]
+    assert apply_channels_last(model) == len(tensors)
+    assert all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors)
+    nchw = []
+    for name, module in model.named_modules():
+        module.register_forward_hook(
+            lambda m, args, out, name=name: (
+                nchw.append(name)
+                if out.ndim == 4 and not out.is_contiguous(memory_format=torch.channels_last)
+                else None
+            )
+        )
+    torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)
+    assert nchw == []
 
 
 def test_through_the_trainer():

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchvision.models import resnet18
 
 from trainkit.algorithms import (
     Factorize,
@@ -41,7 +42,9 @@ def test_reduces_parameters_and_keeps_shapes():
     x = torch.randn(2, 3, 8, 8)
     shapes = [model[: i + 1](x).shape for i in range(len(model))]
     before = count(model)
-    replaced = apply_factorize(model, min_channels=16, latent_channels=8)
+    replaced = apply_factorize(
+        model, min_channels=16, latent_channels=8, min_features=16, latent_features=8
+    )
     assert sorted(replaced) == ["2", "6"]
     assert isinstance(model[2], FactorizedConv2d) and isinstance(model[6], FactorizedLinear)
     assert model[2].first.out_channels == 8 and model[6].first.out_features == 8
@@ -68,7 +71,39 @@ def test_starts_from_the_best_low_rank_approximation():
 def test_skips_layers_where_it_would_not_save_parameters():
     model = nn.Sequential(nn.Linear(16, 16))
     with pytest.warns(UserWarning, match="factorize matched no module"):
-        assert apply_factorize(model, min_channels=16, latent_channels=8) == {}
+        assert apply_factorize(model, min_features=16, latent_features=8) == {}
+
+
+def test_convs_and_linears_have_their_own_thresholds():
+    model = cnn()
+    assert sorted(apply_factorize(model, min_channels=16, latent_channels=8)) == ["2"]
+    model = cnn()
+    assert sorted(apply_factorize(model, min_features=16, factorize_convs=False)) == ["6"]
+
+
+def test_torchvision_resnet18_with_composer_defaults():
+    model = resnet18()
+    expected = set()
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Conv2d):
+            fan_in, out = m.in_channels * m.weight[0, 0].numel(), m.out_channels
+            small = min(m.in_channels, out)
+        elif isinstance(m, nn.Linear):
+            fan_in, out, small = m.in_features, m.out_features, min(m.in_features, m.out_features)
+        else:
+            continue
+        rank = int(0.25 * small)
+        if small >= 512 and rank * (fan_in + out) < fan_in * out:
+            expected.add(name)
+    before = count(model)
+    x = torch.randn(2, 3, 64, 64)
+    replaced = apply_factorize(model)
+    assert set(replaced) == expected and "fc" in expected and len(expected) == 4
+    assert count(model) < before
+    out = model(x)
+    assert out.shape == (2, 1000)
+    out.sum().backward()
+    assert model.fc.first.weight.grad is not None
 
 
 def test_through_the_trainer_the_optimizer_holds_the_factors():
@@ -94,7 +129,14 @@ def test_through_the_trainer_the_optimizer_holds_the_factors():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"min_channels": 0}, {"latent_channels": 0}, {"latent_channels": 1.5}]
+    "kwargs",
+    [
+        {"min_channels": 0},
+        {"latent_channels": 0},
+        {"latent_channels": 1.5},
+        {"min_features": 0},
+        {"latent_features": 2.5},
+    ],
 )
 def test_bad_config(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchvision.models import resnet18
 
 from trainkit.algorithms import (
     GhostBatchNorm,
@@ -49,6 +50,25 @@ def test_eval_is_the_plain_batchnorm():
     assert list(apply_ghost_batchnorm(model, ghost_batch_size=2)) == ["1"]
     assert isinstance(model[1], GhostBatchNormLayer)
     torch.testing.assert_close(model.eval()(x), expected)
+
+
+def test_torchvision_resnet18_every_batchnorm_once():
+    model = resnet18(num_classes=3)
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    replaced = apply_ghost_batchnorm(model, ghost_batch_size=2)
+    assert sorted(replaced) == sorted(names) and len(names) == 20
+    with pytest.warns(UserWarning, match="matched no module"):
+        assert apply_ghost_batchnorm(model, ghost_batch_size=2) == {}  # not wrapped twice
+    # The stem's BatchNorm normalizes each pair of samples on its own.
+    x = torch.randn(4, 3, 32, 32)
+    x[2:] = x[2:] * 5 + 3
+    stem = model.bn1(model.conv1(x))
+    for pair in stem.chunk(2):
+        var, mean = torch.var_mean(pair, dim=(0, 2, 3), unbiased=False)
+        torch.testing.assert_close(mean, torch.zeros(64), atol=1e-4, rtol=0)
+        torch.testing.assert_close(var, torch.ones(64), atol=1e-2, rtol=0)
+    model(x).sum().backward()
+    assert model.conv1.weight.grad is not None
 
 
 def test_through_the_trainer():

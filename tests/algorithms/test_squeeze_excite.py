@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchvision.models import resnet50
 
 from trainkit.algorithms import (
     SqueezeExcite,
@@ -31,22 +32,44 @@ def cnn():
     )
 
 
-def test_adds_blocks_after_the_wide_convs_only():
+def test_adds_blocks_after_the_convs_wide_on_both_sides_only():
     model = cnn()
     x = torch.randn(2, 3, 6, 6)
     shape = model(x).shape
     replaced = apply_squeeze_excite(model, latent_channels=0.25, min_channels=16)
-    assert sorted(replaced) == ["2", "4"]
-    assert all(isinstance(model[i], SqueezeExciteConv2d) for i in (2, 4))
-    assert model[2].se.squeeze.out_features == 4
-    assert type(model[0]) is nn.Conv2d
+    assert sorted(replaced) == ["4"]  # 4 -> 16 is narrow on its input side (Composer's rule)
+    assert isinstance(model[4], SqueezeExciteConv2d)
+    assert model[4].se.squeeze.out_features == 4
+    assert type(model[0]) is nn.Conv2d and type(model[2]) is nn.Conv2d
     assert model(x).shape == shape
+
+
+def test_torchvision_resnet50_selection_by_input_and_output_channels():
+    model = resnet50()
+    expected = {
+        name: conv.out_channels
+        for name, conv in model.named_modules()
+        if isinstance(conv, nn.Conv2d) and min(conv.in_channels, conv.out_channels) >= 128
+    }
+    params = sum(p.numel() for p in model.parameters())
+    replaced = apply_squeeze_excite(model, latent_channels=64, min_channels=128)
+    assert set(replaced) == set(expected)
+    assert "layer1.0.conv3" not in replaced  # 64 -> 256: narrow input side
+    # No biases: each block adds exactly C x 64 + 64 x C weights.
+    added = sum(p.numel() for p in model.parameters()) - params
+    assert added == sum(2 * 64 * c for c in expected.values())
+    x = torch.randn(2, 3, 64, 64)
+    model(x).sum().backward()
+    with pytest.warns(UserWarning, match="matched no module"):
+        assert apply_squeeze_excite(model, min_channels=128) == {}  # applied once only
 
 
 def test_gate_scales_each_channel_by_a_sigmoid_of_the_means():
     se = SqueezeExcite2d(4, 2)
+    assert se.squeeze.bias is None and se.excite.bias is None
     x = torch.randn(3, 4, 5, 5)
-    gate = torch.sigmoid(se.excite(torch.relu(se.squeeze(x.mean(dim=(2, 3))))))
+    w1, w2 = se.squeeze.weight, se.excite.weight
+    gate = torch.sigmoid(torch.relu(x.mean(dim=(2, 3)) @ w1.T) @ w2.T)  # the paper's formula
     torch.testing.assert_close(se(x), x * gate[:, :, None, None])
     assert ((se(x) / x).std(dim=(2, 3)) < 1e-4).all()  # one factor per (sample, channel)
 

@@ -137,3 +137,11 @@ def test_a_parameter_replaced_under_the_same_name_takes_its_predecessors_place()
     assert model[2] is not old
     assert ids(optimizer.param_groups[0]["params"]) == ids(model[0].parameters())
     assert ids(optimizer.param_groups[1]["params"]) == ids(model[2].parameters())
+
+
+def test_replacements_take_the_training_mode_of_the_module_they_replace():
+    model = net().eval()
+    model[3].train()  # a submodule left in training mode keeps its own mode
+    replaced = replace_modules(model, {nn.Linear: lambda m, i: Doubler(m)})
+    assert not replaced["0"].training and not replaced["2"].training
+    assert replaced["3.0"].training

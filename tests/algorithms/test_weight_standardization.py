@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchvision.models import resnet18
 
 from trainkit.algorithms import (
     WeightStandardization,
@@ -45,6 +46,24 @@ def test_ignores_the_last_layers():
     model = cnn()
     assert apply_weight_standardization(model, n_last_layers_ignore=1) == ["0"]
     assert type(model[3]).__name__ == "Conv2d" and not hasattr(model[3], "parametrizations")
+
+
+def test_torchvision_resnet18_the_last_convs_are_the_last_to_run():
+    # "Last" is module order; on torchvision's ResNets that is the order they run in, which
+    # a torch.fx trace of the forward pass (Composer's order) gives.
+    model = resnet18()
+    traced = torch.fx.symbolic_trace(model)
+    run_order = [n.target for n in traced.graph.nodes if n.op == "call_module"]
+    convs_run = [t for t in run_order if isinstance(model.get_submodule(t), nn.Conv2d)]
+    names = apply_weight_standardization(model, n_last_layers_ignore=3)
+    assert names == convs_run[:-3] and len(convs_run) == 20
+    assert not any(hasattr(model.get_submodule(n), "parametrizations") for n in convs_run[-3:])
+    x = torch.randn(2, 3, 32, 32)
+    model(x).sum().backward()
+    stored = model.conv1.parametrizations.weight.original
+    assert stored.grad is not None
+    w = model.conv1.weight
+    torch.testing.assert_close(w.mean(dim=(1, 2, 3)), torch.zeros(64), atol=1e-5, rtol=0)
 
 
 def test_through_the_trainer_the_stored_weight_trains():

@@ -276,6 +276,9 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("NEPTUNE_MODE", "offline")
+    monkeypatch.setenv("COMET_OFFLINE", "true")
+    monkeypatch.setenv("COMET_ERROR_TRACKING_ENABLE", "false")
     return tmp_path
 
 

@@ -1,5 +1,5 @@
 """The Composer docs' Trainer examples, ported (examples/composer_*.py), run as a user runs
-them: the BERT one under `trainkit launch -n 2` (gloo),
+them: in a fresh interpreter on CPU, and the BERT one under `trainkit launch -n 2` (gloo),
 where both ranks must end with one model and a run killed with SIGKILL resumes bitwise."""
 
 import contextlib
@@ -24,6 +24,29 @@ def accuracy(output: str) -> float:
     match = re.search(r"final eval accuracy: ([0-9.]+)", output)
     assert match, f"no final accuracy line in the output:\n{output[-3000:]}"
     return float(match.group(1))
+
+
+def test_resnet_classifier_with_a_recipe_learns_and_saves(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "composer_resnet.py"),
+            "--save-folder",
+            str(tmp_path / "run"),
+            "--samples",
+            "384",
+            "--max-duration",
+            "3ep",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert accuracy(result.stdout) > 0.5  # 10 classes: chance is 0.1
+    # save_num_checkpoints_to_keep=1: only the last checkpoint, and `latest` naming it.
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["ep3-ba18", "latest"]
 
 
 def test_bert_fsdp_alone_starts_its_own_one_rank_group(tmp_path):

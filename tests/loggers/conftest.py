@@ -1,5 +1,7 @@
 """Fixtures for the trainkit-loggers tests."""
 
+import os
+
 import pytest
 import torch
 
@@ -60,3 +62,8 @@ def sync_counter():
 @pytest.fixture
 def count_syncs_during_training():
     return CountSyncsDuringTraining
+
+
+# comet_ml reports its own errors to Comet's Sentry from `import comet_ml` unless this is
+# off; tests reach no network (set before any test imports it).
+os.environ["COMET_ERROR_TRACKING_ENABLE"] = "false"

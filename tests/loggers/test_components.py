@@ -20,7 +20,17 @@ from trainkit.core import Callback, LoggerDestination, plugins
 PACKAGE = "trainkit.loggers"
 REGISTERED = registered("trainkit-loggers", ("trainkit.loggers", "trainkit.callbacks"))
 CONFIGURED = [i for i in REGISTERED if plugins.load(i.group, i.name).config_class is not None]
-HEAVY = ("wandb", "mlflow", "tensorboard", "matplotlib", "torch.utils.tensorboard")
+HEAVY = (
+    "wandb",
+    "mlflow",
+    "tensorboard",
+    "matplotlib",
+    "torch.utils.tensorboard",
+    "neptune",
+    "comet_ml",
+    "pandas",
+    "transformers",
+)
 
 
 @pytest.fixture(autouse=True)

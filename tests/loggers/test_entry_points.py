@@ -17,13 +17,28 @@ DESTINATIONS = {
     "wandb": loggers.WandBLogger,
     "tensorboard": loggers.TensorBoardLogger,
     "mlflow": loggers.MLflowLogger,
+    "neptune": loggers.NeptuneLogger,
+    "comet": loggers.CometLogger,
 }
 MONITORS = {
     "lr_monitor": loggers.LRMonitor,
     "optimizer_monitor": loggers.OptimizerMonitor,
     "nan_monitor": loggers.NaNMonitor,
+    "generate": loggers.Generate,
+    "activation_monitor": loggers.ActivationMonitor,
+    "image_visualizer": loggers.ImageVisualizer,
 }
-HEAVY = {"wandb", "mlflow", "tensorboard", "matplotlib", "torch.utils.tensorboard"}
+HEAVY = {
+    "wandb",
+    "mlflow",
+    "tensorboard",
+    "matplotlib",
+    "torch.utils.tensorboard",
+    "neptune",
+    "comet_ml",
+    "pandas",
+    "transformers",
+}
 
 
 @pytest.mark.parametrize("name", sorted(DESTINATIONS))
@@ -45,7 +60,8 @@ def test_unknown_name_lists_the_known_ones():
         LookupError, match=r"no 'trainkit\.loggers' entry point named 'wandbb'"
     ) as err:
         plugins.load("trainkit.loggers", "wandbb")
-    assert "console, file, in_memory, mlflow, progress, tensorboard, wandb" in str(err.value)
+    known = "comet, console, file, in_memory, mlflow, neptune, progress, tensorboard, wandb"
+    assert known in str(err.value)
 
 
 def _module_level_imports(path):

@@ -13,8 +13,10 @@ import pytest
 from toy import blobs, loader, mlp
 from trainkit.core import Trainer
 from trainkit.loggers import (
+    CometLogger,
     MLflowLogger,
     MLflowLoggerConfig,
+    NeptuneLogger,
     TensorBoardLogger,
     WandBLogger,
     WandBLoggerConfig,
@@ -60,6 +62,8 @@ def _hide(monkeypatch, module):
         (WandBLogger, "wandb", "wandb"),
         (TensorBoardLogger, "tensorboard", "tensorboard"),
         (MLflowLogger, "mlflow", "mlflow"),
+        (NeptuneLogger, "neptune", "neptune"),
+        (CometLogger, "comet_ml", "comet"),
     ],
 )
 def test_a_missing_client_says_which_extra_installs_it(monkeypatch, cls, module, extra):

@@ -14,6 +14,8 @@ CALLBACKS = {
     "memory_monitor": profiler.MemoryMonitor,
     "system_metrics_monitor": profiler.SystemMetricsMonitor,
     "runtime_estimator": profiler.RuntimeEstimator,
+    "memory_snapshot": profiler.MemorySnapshot,
+    "oom_observer": profiler.OOMObserver,
 }
 
 

@@ -247,3 +247,60 @@ def test_runtime_estimate(monkeypatch):
     ]
     assert remaining == [(b, pytest.approx(8.0 - b)) for b in range(2, 9)]
     assert memory.last("time/elapsed_sec") == pytest.approx(8.0)
+
+
+def test_train_val_and_total_time_as_composer(monkeypatch):
+    """1 s per batch and 100 s per evaluation (every 2 batches, after BATCH_END)."""
+    clock = FakeClock(monkeypatch, _speed_monitor)
+    memory = _fit(
+        clock,
+        SpeedMonitor(window_size=2, time_unit="seconds"),
+        eval_dataloader=loader(blobs(16)),
+        eval_interval="2ba",
+    )
+    assert memory.steps("time/train") == list(range(1, 9))  # from the first batch on
+    for step, metrics in memory.logged:
+        if "time/train" in metrics:
+            evals_before = (step - 1) // 2
+            assert metrics["time/train"] == pytest.approx(step)
+            assert metrics["time/val"] == pytest.approx(100.0 * evals_before)
+            assert metrics["time/total"] == pytest.approx(step + 100.0 * evals_before)
+    assert memory.last("throughput/batches_per_sec") == pytest.approx(1.0)
+    assert memory.last("throughput/device/batches_per_sec") == pytest.approx(1.0)
+
+
+def test_time_is_in_hours_by_default_and_survives_a_resume(monkeypatch):
+    clock = FakeClock(monkeypatch, _speed_monitor)
+    first = SpeedMonitor()
+    _fit(clock, first, duration="4ba")
+    saved = first.state_dict()
+    assert saved == {"train_seconds": pytest.approx(4.0), "eval_seconds": 0.0}
+
+    resumed = SpeedMonitor()
+    resumed.load_state_dict(saved)
+    memory = _fit(clock, resumed, duration="3ba")
+    assert memory.last("time/train") == pytest.approx((4.0 + 3.0) / 3600)
+    assert memory.last("time/total") == pytest.approx((4.0 + 3.0) / 3600)
+
+
+def test_standalone_evaluation_counts_as_validation_time(monkeypatch):
+    clock = FakeClock(monkeypatch, _speed_monitor)
+    monitor = SpeedMonitor(time_unit="minutes")
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(64)),
+        eval_dataloader=loader(blobs(16)),
+        max_duration="2ba",
+        eval_interval="100ba",  # only the evaluation at the end of training
+        device="cpu",
+        progress_bar=False,
+        callbacks=[clock, monitor],
+    )
+    trainer.fit()
+    trainer.eval()
+    assert monitor.state_dict() == {"train_seconds": 2.0, "eval_seconds": 200.0}
+
+
+def test_bad_time_unit():
+    with pytest.raises(ValueError, match="time_unit 'weeks' is not known; use one of 'seconds'"):
+        SpeedMonitor(time_unit="weeks")

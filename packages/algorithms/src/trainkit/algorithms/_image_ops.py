@@ -2,18 +2,34 @@
 
 Each op maps one image ``(C, H, W)`` with values in [0, 1] to another, at a ``level`` in
 [0, 10] (10 strongest), like the PIL operations of the AugMix and RandAugment papers.
-Geometric ops pick a random direction and fill uncovered pixels with 0.
+Geometric and enhancing ops pick a random direction (torch's generator) and geometric ones
+fill uncovered pixels with 0. `pil_ops` returns the same operations on PIL images.
+
+The magnitudes, at level 10: posterize keeps 4 bits (8 at level 0), solarize inverts every
+pixel (none at 0), rotate 30 degrees, shear 0.3, translate a third of the side, and the
+enhancing ops (color, contrast, brightness, sharpness) blend by a factor 0.1 or 1.9 (1 at 0).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ALL_OPS", "SAFE_OPS", "apply_op", "check_images"]
+__all__ = [
+    "ALL_OPS",
+    "SAFE_OPS",
+    "apply_op",
+    "check_images",
+    "enhance_factor",
+    "pil_ops",
+    "posterize_bits",
+    "sign",
+    "solarize_threshold",
+]
 
 Op = Callable[[torch.Tensor, float], torch.Tensor]
 
@@ -31,8 +47,36 @@ def check_images(x: torch.Tensor, method: str) -> None:
         )
 
 
-def _sign() -> float:
+def pil_ops() -> ModuleType:
+    """The PIL versions of the ops (`trainkit.algorithms._pil_ops`), or an install hint."""
+    try:
+        from trainkit.algorithms import _pil_ops
+    except ModuleNotFoundError as err:
+        raise ImportError(
+            f"transforms of PIL images need pillow, which is not installed ({err}); install "
+            'it with: pip install "trainkit-algorithms[vision]"'
+        ) from err
+    return _pil_ops
+
+
+def sign() -> float:
+    """+1 or -1 with equal odds, from torch's generator."""
     return 1.0 if torch.rand(()) < 0.5 else -1.0
+
+
+def posterize_bits(level: float) -> int:
+    """Bits kept per channel: 8 at level 0, 4 at level 10."""
+    return 8 - int(level * 4 / 10)
+
+
+def solarize_threshold(level: float) -> int:
+    """8-bit values at or above this are inverted: 256 (none) at level 0, 0 (all) at 10."""
+    return 256 - int(level * 256 / 10)
+
+
+def enhance_factor(level: float) -> float:
+    """Blend factor of the enhancing ops: 1 +- 0.9 * level / 10, the sign drawn at random."""
+    return 1.0 + 0.9 * level / 10 * sign()
 
 
 def _gray(img: torch.Tensor) -> torch.Tensor:
@@ -47,11 +91,13 @@ def _blend(degenerate: torch.Tensor, img: torch.Tensor, factor: float) -> torch.
 
 
 def _affine(img: torch.Tensor, matrix: list[list[float]]) -> torch.Tensor:
+    if matrix == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]:
+        return img  # level 0: no resampling blur
     theta = torch.tensor([matrix], dtype=img.dtype, device=img.device)
     grid = F.affine_grid(theta, [1, *img.shape], align_corners=False)
     return F.grid_sample(
-        img.unsqueeze(0), grid, mode="nearest", padding_mode="zeros", align_corners=False
-    )[0]
+        img.unsqueeze(0), grid, mode="bilinear", padding_mode="zeros", align_corners=False
+    )[0].clamp(0.0, 1.0)
 
 
 def autocontrast(img: torch.Tensor, level: float) -> torch.Tensor:
@@ -76,30 +122,33 @@ def equalize(img: torch.Tensor, level: float) -> torch.Tensor:
 
 
 def posterize(img: torch.Tensor, level: float) -> torch.Tensor:
-    bits = 8 - int(level * 4 / 10)
-    mask = 256 - 2 ** (8 - bits)
+    mask = 256 - 2 ** (8 - posterize_bits(level))
     return (((img * 255).round().long() & mask).float() / 255).to(img.dtype)
 
 
 def solarize(img: torch.Tensor, level: float) -> torch.Tensor:
-    threshold = 1.0 - level / 10
-    return torch.where(img >= threshold, 1.0 - img, img)
+    threshold = solarize_threshold(level) / 255
+    return torch.where(img >= threshold - 1e-6, 1.0 - img, img)
 
 
 def rotate(img: torch.Tensor, level: float) -> torch.Tensor:
-    angle = math.radians(30.0 * level / 10 * _sign())
+    angle = math.radians(30.0 * level / 10 * sign())
     height, width = img.shape[-2:]
     aspect = width / height
     cos, sin = math.cos(angle), math.sin(angle)
+    if angle == 0:
+        return img
     return _affine(img, [[cos, -sin / aspect, 0.0], [sin * aspect, cos, 0.0]])
 
 
 def shear_x(img: torch.Tensor, level: float) -> torch.Tensor:
-    return _affine(img, [[1.0, 0.3 * level / 10 * _sign(), 0.0], [0.0, 1.0, 0.0]])
+    height, width = img.shape[-2:]  # a shear of s pixels per pixel, in normalised coordinates
+    return _affine(img, [[1.0, 0.3 * level / 10 * sign() * height / width, 0.0], [0.0, 1.0, 0.0]])
 
 
 def shear_y(img: torch.Tensor, level: float) -> torch.Tensor:
-    return _affine(img, [[1.0, 0.0, 0.0], [0.3 * level / 10 * _sign(), 1.0, 0.0]])
+    height, width = img.shape[-2:]
+    return _affine(img, [[1.0, 0.0, 0.0], [0.3 * level / 10 * sign() * width / height, 1.0, 0.0]])
 
 
 def _shift(img: torch.Tensor, pixels: int, dim: int) -> torch.Tensor:
@@ -113,27 +162,23 @@ def _shift(img: torch.Tensor, pixels: int, dim: int) -> torch.Tensor:
 
 
 def translate_x(img: torch.Tensor, level: float) -> torch.Tensor:
-    return _shift(img, int(level / 10 * img.shape[-1] / 3 * _sign()), -1)
+    return _shift(img, int(level / 10 * img.shape[-1] / 3 * sign()), -1)
 
 
 def translate_y(img: torch.Tensor, level: float) -> torch.Tensor:
-    return _shift(img, int(level / 10 * img.shape[-2] / 3 * _sign()), -2)
-
-
-def _factor(level: float) -> float:
-    return 1.0 + 0.9 * level / 10 * _sign()  # 0.1 to 1.9
+    return _shift(img, int(level / 10 * img.shape[-2] / 3 * sign()), -2)
 
 
 def color(img: torch.Tensor, level: float) -> torch.Tensor:
-    return _blend(_gray(img).expand_as(img), img, _factor(level))
+    return _blend(_gray(img).expand_as(img), img, enhance_factor(level))
 
 
 def contrast(img: torch.Tensor, level: float) -> torch.Tensor:
-    return _blend(_gray(img).mean().expand_as(img), img, _factor(level))
+    return _blend(_gray(img).mean().expand_as(img), img, enhance_factor(level))
 
 
 def brightness(img: torch.Tensor, level: float) -> torch.Tensor:
-    return _blend(torch.zeros_like(img), img, _factor(level))
+    return _blend(torch.zeros_like(img), img, enhance_factor(level))
 
 
 def sharpness(img: torch.Tensor, level: float) -> torch.Tensor:
@@ -142,7 +187,7 @@ def sharpness(img: torch.Tensor, level: float) -> torch.Tensor:
     kernel = (kernel / 13).expand(img.shape[0], 1, 3, 3)
     smooth = img.clone()
     smooth[:, 1:-1, 1:-1] = F.conv2d(img.unsqueeze(0), kernel, groups=img.shape[0])[0]
-    return _blend(smooth, img, _factor(level))
+    return _blend(smooth, img, enhance_factor(level))
 
 
 SAFE_OPS: dict[str, Op] = {

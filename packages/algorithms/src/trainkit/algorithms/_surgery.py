@@ -41,7 +41,7 @@ def replace_modules(
 ) -> dict[str, nn.Module]:
     """Replace every submodule matched by a policy key (a module type or a predicate).
 
-    Replacements are moved to the replaced module's device and floating dtype; parameters
+    Replacements take the replaced module's training mode, device and floating dtype; parameters
     they share with the old module stay the same objects. Optimizers given are re-bound
     (`trainkit.core.loop.rebind_optimizers` with ``new_parameters="add_to_first_group"``):
     parameters that left the model are dropped, a parameter replaced under the same name
@@ -83,6 +83,7 @@ def replace_modules(
 
 
 def _place_like(new: nn.Module, old: nn.Module) -> None:
+    new.train(old.training)  # a replacement inside an eval-mode model starts in eval mode too
     reference = next(iter(old.parameters()), None)
     if reference is None:
         reference = next(iter(old.buffers()), None)

@@ -2,9 +2,13 @@
 
 A layer with weight ``W`` (``out x in``, convolutions flattened to ``out x in*k*k``)
 becomes ``in -> r -> out``: for convolutions a ``k x k`` conv to ``r`` channels, then a
-1x1 conv. Both start from the truncated SVD of ``W``, the best rank-``r`` approximation,
-so the model computes nearly what it did. A layer is replaced only where that saves
-parameters; fewer parameters mean fewer FLOPs.
+1x1 conv. A layer is replaced only where both its sides are at least ``min_channels``
+(convolutions) or ``min_features`` (linears) and the rank saves multiply-adds
+(``r * (fan_in + out) < fan_in * out``), Composer's rule; fewer parameters mean fewer FLOPs.
+
+Differs from Composer: both factors start from the truncated SVD of ``W``, the best
+rank-``r`` approximation, so the model computes nearly what it did (Composer initialises
+them afresh), and the second factor has a bias only where the layer had one.
 """
 
 from __future__ import annotations
@@ -36,34 +40,58 @@ class FactorizeConfig:
     """Factorize `nn.Conv2d` layers (groups == 1)."""
     factorize_linears: bool = True
     """Factorize `nn.Linear` layers."""
-    min_channels: int = 256
-    """Only layers whose smaller side (in or out features/channels) is at least this."""
+    min_channels: int = 512
+    """Only convolutions whose smaller side (in or out channels) is at least this."""
     latent_channels: float = 0.25
-    """The rank ``r``: an int (>= 1) or, below 1, a fraction of the smaller side."""
+    """The rank of factorized convolutions: an int (>= 1) or, below 1, a fraction of the
+    smaller side."""
+    min_features: int = 512
+    """Only linears whose smaller side (in or out features) is at least this."""
+    latent_features: float = 0.25
+    """The rank of factorized linears: an int (>= 1) or, below 1, a fraction of the smaller
+    side."""
 
     def __post_init__(self) -> None:
-        if self.min_channels < 1:
-            raise ValueError(f"min_channels must be >= 1, got {self.min_channels}")
-        if not self.latent_channels > 0 or (
-            self.latent_channels >= 1 and self.latent_channels != int(self.latent_channels)
-        ):
-            raise ValueError(
-                f"latent_channels must be an int >= 1 or a fraction in (0, 1), got "
-                f"{self.latent_channels}"
-            )
+        for name in ("min_channels", "min_features"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("latent_channels", "latent_features"):
+            value = getattr(self, name)
+            if not value > 0 or (value >= 1 and value != int(value)):
+                raise ValueError(f"{name} must be an int >= 1 or a fraction in (0, 1), got {value}")
 
-    def rank_for(self, smaller_side: int) -> int:
-        if self.latent_channels < 1:
-            return max(1, int(smaller_side * self.latent_channels))
-        return int(self.latent_channels)
+    def rank_for(self, smaller_side: int, latent: float | None = None) -> int:
+        """The rank for a layer whose smaller side is ``smaller_side`` (default: a conv's)."""
+        latent = self.latent_channels if latent is None else latent
+        if latent < 1:
+            return max(1, int(smaller_side * latent))
+        return int(latent)
 
 
 @torch.no_grad()
 def low_rank_factors(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(a, b)`` with ``b @ a`` the best rank-``rank`` approximation of 2-D ``weight``."""
-    u, s, vh = torch.linalg.svd(weight.float(), full_matrices=False)
-    root = s[:rank].sqrt()
-    return (root[:, None] * vh[:rank]).to(weight.dtype), (u[:, :rank] * root).to(weight.dtype)
+    """``(a, b)`` with ``b @ a`` the best rank-``rank`` approximation of 2-D ``weight``.
+
+    The top singular vectors come from the eigendecomposition of the smaller Gram matrix
+    in float64 (``W W^T`` or ``W^T W``): the same factors as the SVD for the large singular
+    values that are kept, at a fraction of the cost (a 512 x 4608 weight: ~0.2 s instead
+    of several seconds for ``torch.linalg.svd`` on a CPU).
+    """
+    w = weight.detach().double()
+    wide = w.shape[0] <= w.shape[1]
+    eigenvalues, vectors = torch.linalg.eigh(w @ w.T if wide else w.T @ w)
+    top = eigenvalues.flip(0)[:rank].clamp(min=0)
+    vectors = vectors.flip(1)[:, :rank]
+    s = top.sqrt()
+    # Directions with (numerically) zero singular value contribute nothing: zero them.
+    alive = s > s.max().clamp(min=1e-300) * 1e-7
+    inverse = torch.where(alive, 1 / s.clamp(min=1e-300), torch.zeros_like(s))
+    if wide:
+        u, vh = vectors, inverse[:, None] * (vectors.T @ w)
+    else:
+        u, vh = (w @ vectors) * inverse, vectors.T
+    root = s.sqrt()
+    return (root[:, None] * vh).to(weight.dtype), (u * root).to(weight.dtype)
 
 
 class FactorizedLinear(nn.Module):
@@ -124,22 +152,31 @@ def apply_factorize(
     Takes a `FactorizeConfig` or its fields as keyword arguments.
     """
     config = build_config(FactorizeConfig, config, options)
-    min_channels = config.min_channels
 
-    def saving_rank(channels_in: int, channels_out: int, taps: int = 1) -> int | None:
-        if min(channels_in, channels_out) < min_channels:
+    def saving_rank(
+        channels_in: int, channels_out: int, minimum: int, latent: float, taps: int = 1
+    ) -> int | None:
+        if min(channels_in, channels_out) < minimum:
             return None
-        rank = config.rank_for(min(channels_in, channels_out))
+        rank = config.rank_for(min(channels_in, channels_out), latent)
         fan_in = channels_in * taps
         return rank if rank * (fan_in + channels_out) < fan_in * channels_out else None
 
     def linear(module: nn.Linear, index: int) -> nn.Module | None:
-        rank = saving_rank(module.in_features, module.out_features)
+        rank = saving_rank(
+            module.in_features, module.out_features, config.min_features, config.latent_features
+        )
         return FactorizedLinear(module, rank) if rank else None
 
     def conv(module: nn.Conv2d, index: int) -> nn.Module | None:
         taps = module.weight[0, 0].numel()
-        rank = saving_rank(module.in_channels, module.out_channels, taps)
+        rank = saving_rank(
+            module.in_channels,
+            module.out_channels,
+            config.min_channels,
+            config.latent_channels,
+            taps,
+        )
         return FactorizedConv2d(module, rank) if rank and module.groups == 1 else None
 
     policies = {}

@@ -4,7 +4,11 @@ Each BatchNorm layer is wrapped in a `GhostBatchNorm` that splits the training b
 chunks of about ``ghost_batch_size`` samples and normalizes each with its own statistics,
 which regularizes like training with a small batch. The running statistics receive one
 update per chunk, with the momentum divided by the number of chunks so they move as
-fast per step as before. In eval the layer is the plain BatchNorm.
+fast per step as before. In eval the layer is the plain BatchNorm. Applying it twice wraps
+no layer twice.
+
+Differs from Composer: a batch no larger than ``ghost_batch_size`` (a short last batch, a
+small per-rank batch) is normalized as one ghost batch instead of raising.
 """
 
 from __future__ import annotations
@@ -74,9 +78,17 @@ def apply_ghost_batchnorm(
     Takes a `GhostBatchNormConfig` or its fields as keyword arguments.
     """
     size = build_config(GhostBatchNormConfig, config, options).ghost_batch_size
+    done = {id(m.batchnorm) for m in model.modules() if isinstance(m, GhostBatchNormLayer)}
+
+    def unwrapped(module: nn.Module) -> bool:
+        return isinstance(module, _BATCHNORMS) and id(module) not in done
+
+    def wrap(module: nn.Module, index: int) -> nn.Module:
+        return GhostBatchNormLayer(module, size)  # type: ignore[arg-type]
+
     return replace_modules(
         model,
-        {lambda m: isinstance(m, _BATCHNORMS): lambda m, i: GhostBatchNormLayer(m, size)},
+        {unwrapped: wrap},
         optimizers=optimizers,
         method="ghost_batchnorm",
     )

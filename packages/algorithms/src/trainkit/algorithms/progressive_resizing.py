@@ -2,9 +2,16 @@
 
 Training images are shrunk by a scale that stays ``initial_scale`` until
 ``delay_fraction`` of training, grows linearly to 1 until ``1 - finetune_fraction``, and is
-1 for the final stretch, so the model finishes at the size it is evaluated on. Sizes are
-multiples of ``size_increment``. Applied at BATCH_START on the device; "resize"
-interpolates (bilinear), "crop" takes a random crop. Evaluation data is never touched.
+1 for the final stretch, so the model finishes at the size it is evaluated on. As in
+Composer, the width is rounded to the nearest multiple of ``size_increment`` and the
+height follows at the same scale, so a run sees a bounded set of image sizes (at most
+``(1 - initial_scale) * width / size_increment + 1``): each new shape costs kernel
+selection and allocator churn on a GPU, so the set is kept small. "resize" interpolates
+with nearest neighbours (Composer's), "crop" takes one random crop for the whole batch.
+Evaluation data is never touched.
+
+Differs from Composer: it runs at BATCH_START on the device batch (Composer: at
+AFTER_DATALOADER, on the CPU), and the smallest size is ``size_increment`` (never 0).
 """
 
 from __future__ import annotations
@@ -34,11 +41,13 @@ class ProgressiveResizingConfig:
     finetune_fraction: float = 0.2
     """Final fraction of training at full size; ``delay + finetune`` at most 1."""
     size_increment: int = 4
-    """Heights and widths are multiples of this; positive."""
+    """Widths are rounded to a multiple of this (the height follows at the same scale), which
+    bounds the number of distinct sizes in a run; positive."""
     mode: Mode = "resize"
-    """"resize" (bilinear interpolation) or "crop" (a random crop)."""
+    """"resize" (nearest-neighbour interpolation, as Composer) or "crop" (a random crop)."""
     resize_targets: bool = False
-    """Resize the targets the same way (segmentation masks; nearest for integers)."""
+    """Resize or crop the targets the same way (segmentation masks, shaped (N, H, W) or
+    (N, C, H, W); nearest neighbours, the dtype kept)."""
     input_key: Key = 0
     """Where the batch keeps its images, shaped (N, C, H, W)."""
     target_key: Key = 1
@@ -80,6 +89,20 @@ def resizing_scale(
     return config.initial_scale + (1.0 - config.initial_scale) * progress
 
 
+def resized_size(height: int, width: int, scale: float, size_increment: int) -> tuple[int, int]:
+    """The ``(height, width)`` images of that size get at ``scale``.
+
+    The width is rounded to the nearest multiple of ``size_increment`` (at least one
+    increment, at most ``width``), and the height is scaled by the same factor (Composer's
+    rule).
+    """
+    if scale >= 1.0:
+        return height, width
+    pinned = round(width * scale / size_increment) * size_increment
+    pinned = min(max(pinned, min(size_increment, width)), width)
+    return max(1, int(height * pinned / width)), pinned
+
+
 def resize_batch(
     x: torch.Tensor,
     y: torch.Tensor | None = None,
@@ -89,42 +112,51 @@ def resize_batch(
     scale: float,
     **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Images ``x`` (N, C, H, W) at ``scale`` of their size, rounded down to ``size_increment``.
+    """Images ``x`` (N, C, H, W) at ``scale`` of their size (see `resized_size`).
 
     ``mode``, ``size_increment`` and ``resize_targets`` come from the
     `ProgressiveResizingConfig` or keyword arguments. Returns ``(x, y)``; ``y`` changes
     only with ``resize_targets``.
     """
     cfg = build_config(ProgressiveResizingConfig, config, options)
-    mode, size_increment, resize_targets = cfg.mode, cfg.size_increment, cfg.resize_targets
     if x.ndim != 4:
         raise ValueError(
             f"progressive_resizing needs images shaped (N, C, H, W), got shape {tuple(x.shape)}"
         )
     height, width = x.shape[-2:]
-    new_h = max(int(scale * height) // size_increment * size_increment, min(size_increment, height))
-    new_w = max(int(scale * width) // size_increment * size_increment, min(size_increment, width))
+    new_h, new_w = resized_size(height, width, scale, cfg.size_increment)
     if (new_h, new_w) == (height, width):
         return x, y
-    if mode == "crop":
+    if cfg.resize_targets and y is not None and y.ndim < 3:
+        raise ValueError(
+            "progressive_resizing with resize_targets needs targets shaped (N, H, W) or "
+            f"(N, C, H, W), got shape {tuple(y.shape)}"
+        )
+    if cfg.mode == "crop":
         top = int(torch.randint(height - new_h + 1, ()))
         left = int(torch.randint(width - new_w + 1, ()))
-        crop = (..., slice(top, top + new_h), slice(left, left + new_w))
-        return x[crop], (y[crop] if resize_targets and y is not None else y)
-    resized = F.interpolate(
-        x, size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
-    )
-    if resize_targets and y is not None:
+        x = x[..., top : top + new_h, left : left + new_w]
+        if cfg.resize_targets and y is not None:
+            y = _crop_like(y, (height, width), (top, left, new_h, new_w))
+        return x, y
+    x = F.interpolate(x, size=(new_h, new_w), mode="nearest")
+    if cfg.resize_targets and y is not None:
         y = _resize_targets(y, (new_h, new_w))
-    return resized, y
+    return x, y
+
+
+def _crop_like(y: torch.Tensor, size: tuple[int, int], box: tuple[int, int, int, int]):
+    """The same region of ``y`` as ``box`` of an image of ``size``, scaled to ``y``'s size."""
+    top, left, h, w = box
+    ry, rx = y.shape[-2] / size[0], y.shape[-1] / size[1]
+    top, left, h, w = int(top * ry), int(left * rx), int(h * ry), int(w * rx)
+    return y[..., top : top + h, left : left + w]
 
 
 def _resize_targets(y: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    if y.is_floating_point():
-        return F.interpolate(
-            y if y.ndim == 4 else y.unsqueeze(1), size=size, mode="bilinear"
-        ).reshape(*y.shape[:-2], *size)
-    return F.interpolate(y.unsqueeze(1).float(), size=size, mode="nearest").squeeze(1).to(y.dtype)
+    dense = y if y.ndim == 4 else y.unsqueeze(1)
+    resized = F.interpolate(dense if dense.is_floating_point() else dense.float(), size=size)
+    return resized.reshape(*y.shape[:-2], *size).to(y.dtype)
 
 
 class ProgressiveResizing(ComposableAlgorithm, config=ProgressiveResizingConfig):

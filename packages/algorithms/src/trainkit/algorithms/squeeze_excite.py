@@ -1,8 +1,13 @@
 """Squeeze-and-Excitation (Hu et al. 2018): channel attention after convolutions.
 
-Every `nn.Conv2d` with at least ``min_channels`` output channels is followed by a
-`SqueezeExcite2d` block: global average pool, a bottleneck MLP, a sigmoid gate per
-channel. The new parameters join the first parameter group of the run's optimizer.
+Every `nn.Conv2d` whose input and output channels are both at least ``min_channels`` is
+followed by a `SqueezeExcite2d` block: global average pool, a bottleneck MLP without
+biases (``C -> latent -> C``, ReLU between), a sigmoid gate per channel, as Composer builds
+it. The new parameters join the first parameter group of the run's optimizer. Applying it
+twice adds no second block to a convolution.
+
+Differs from Composer: a fractional ``latent_channels`` never rounds to a zero-width
+bottleneck (at least 1 channel).
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ __all__ = [
 @dataclass(kw_only=True)
 class SqueezeExciteConfig:
     latent_channels: float = 64
-    """Width of the bottleneck: an int (>= 1) or, below 1, a fraction of the channels."""
+    """Width of the bottleneck: an int (>= 1) or, below 1, a fraction of the convolution's
+    output channels."""
     min_channels: int = 128
-    """Only convolutions with at least this many output channels get a block."""
+    """Only convolutions with at least this many input and output channels get a block
+    (``min(in_channels, out_channels) >= min_channels``, Composer's rule)."""
 
     def __post_init__(self) -> None:
         if not self.latent_channels > 0:
@@ -55,8 +62,8 @@ class SqueezeExcite2d(nn.Module):
 
     def __init__(self, channels: int, latent_channels: int):
         super().__init__()
-        self.squeeze = nn.Linear(channels, latent_channels)
-        self.excite = nn.Linear(latent_channels, channels)
+        self.squeeze = nn.Linear(channels, latent_channels, bias=False)
+        self.excite = nn.Linear(latent_channels, channels, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = torch.sigmoid(self.excite(torch.relu(self.squeeze(x.mean(dim=(2, 3))))))
@@ -88,14 +95,18 @@ def apply_squeeze_excite(
     Takes a `SqueezeExciteConfig` or its fields as keyword arguments.
     """
     cfg = build_config(SqueezeExciteConfig, config, options)
+    done = {id(m.conv) for m in model.modules() if isinstance(m, SqueezeExciteConv2d)}
 
     def add_block(conv: nn.Conv2d, index: int) -> nn.Module | None:
-        if conv.out_channels < cfg.min_channels:
+        if min(conv.in_channels, conv.out_channels) < cfg.min_channels:
             return None
         return SqueezeExciteConv2d(conv, cfg.latent_for(conv.out_channels))
 
     return replace_modules(
-        model, {nn.Conv2d: add_block}, optimizers=optimizers, method="squeeze_excite"
+        model,
+        {lambda m: isinstance(m, nn.Conv2d) and id(m) not in done: add_block},
+        optimizers=optimizers,
+        method="squeeze_excite",
     )
 
 

@@ -5,6 +5,11 @@ stored one: every forward reads ``(w - mean(w)) / std(w)`` per output channel, a
 gradients flow through the standardization. The stored tensor stays the same `Parameter`
 (now at ``<conv>.parametrizations.weight.original``), so optimizers need no re-binding.
 Usually paired with GroupNorm, where it stands in for what BatchNorm did to conditioning.
+
+Differs from Composer: "the last layers" that ``n_last_layers_ignore`` leaves alone are the
+last convolutions in module order (``model.named_modules()``); Composer orders them by an
+``torch.fx`` trace of the forward pass when the model can be traced. The two agree on
+torchvision's ResNets, whose modules are registered in the order they run.
 """
 
 from __future__ import annotations

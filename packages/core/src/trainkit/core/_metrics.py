@@ -7,13 +7,23 @@ all ranks, so results are the same whatever the world size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from trainkit.core import dist
 
-__all__ = ["Accuracy", "CrossEntropy", "Mean", "Metric", "Perplexity"]
+__all__ = [
+    "Accuracy",
+    "CrossEntropy",
+    "LossMetric",
+    "MaskedAccuracy",
+    "Mean",
+    "Metric",
+    "Perplexity",
+]
 
 
 class Metric(nn.Module):
@@ -88,3 +98,59 @@ class Perplexity(CrossEntropy):
 
     def compute(self) -> torch.Tensor:
         return torch.exp(super().compute())
+
+
+class MaskedAccuracy(Metric):
+    """Top-1 accuracy over the positions whose target is not ``ignore_index``.
+
+    For token predictions: scores (..., C) or labels (...) against targets (...), e.g.
+    a masked language model's logits (N, S, V) against labels (N, S) holding -100 where
+    no prediction is asked. Positions are counted, not samples.
+    """
+
+    def __init__(self, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:  # type: ignore[override]
+        given = tuple(preds.shape)
+        if preds.ndim == target.ndim + 1:
+            preds = preds.argmax(dim=-1)
+        if preds.shape != target.shape:
+            raise ValueError(
+                f"MaskedAccuracy got predictions of shape {given} and targets of "
+                f"shape {tuple(target.shape)}; expected scores (..., C) or labels (...) with "
+                "targets (...)"
+            )
+        mask = target != self.ignore_index
+        self._add((preds == target)[mask].sum(), mask.sum())
+
+
+class LossMetric(Metric):
+    """The mean of a loss function over everything evaluated, e.g. ``LossMetric(F.mse_loss)``.
+
+    ``loss_function(preds, target)`` must return the mean over the batch (as torch's losses
+    do by default). Each batch's value is weighted by its number of samples (``len(target)``),
+    so the result is the mean over samples even when the last batch is smaller. (Composer's
+    ``LossMetric`` averages batches with equal weights; both agree when all batches have
+    the same size.)
+    """
+
+    def __init__(self, loss_function: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+        super().__init__()
+        if not callable(loss_function):
+            raise TypeError(
+                f"LossMetric needs a loss function (preds, target) -> loss, got "
+                f"{type(loss_function).__name__}; e.g. LossMetric(torch.nn.functional.mse_loss)"
+            )
+        self.loss_function = loss_function
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:  # type: ignore[override]
+        loss = torch.as_tensor(self.loss_function(preds, target))
+        if loss.numel() != 1:
+            raise ValueError(
+                f"LossMetric's loss function returned a tensor of shape {tuple(loss.shape)}; "
+                "it must return one value, the mean over the batch (reduction='mean')"
+            )
+        samples = len(target) if target.ndim > 0 else 1
+        self._add(loss.reshape(()).double() * samples, float(samples))

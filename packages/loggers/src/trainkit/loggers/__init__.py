@@ -1,8 +1,9 @@
 """trainkit.loggers: logger destinations and training monitors, found by entry point name.
 
 Destinations (group ``trainkit.loggers``): ``progress``, ``console``, ``file``,
-``in_memory``, ``wandb``, ``tensorboard``, ``mlflow``. Monitors (group
-``trainkit.callbacks``): ``lr_monitor``, ``optimizer_monitor``, ``nan_monitor``. Command
+``in_memory``, ``wandb``, ``tensorboard``, ``mlflow``, ``neptune``, ``comet``. Callbacks
+(group ``trainkit.callbacks``): ``lr_monitor``, ``optimizer_monitor``, ``nan_monitor``,
+``activation_monitor``, ``image_visualizer``, ``generate``. Command
 (group ``trainkit.commands``): ``plot``. Each component is configured by its config
 dataclass (``FileLogger(FileLoggerConfig(folder="runs/x"))`` or ``FileLogger(folder=...)``).
 
@@ -17,26 +18,44 @@ from typing import TYPE_CHECKING
 from trainkit.core.plugins import lazy_exports
 
 if TYPE_CHECKING:
+    from trainkit.loggers._activation_monitor import (
+        ActivationMonitor,
+        ActivationMonitorConfig,
+        activation_stats,
+    )
+    from trainkit.loggers._comet import CometLogger, CometLoggerConfig
     from trainkit.loggers._console import ConsoleLogger, ConsoleLoggerConfig
     from trainkit.loggers._file import FileLogger, FileLoggerConfig, read_jsonl
+    from trainkit.loggers._generate import Generate, GenerateConfig
+    from trainkit.loggers._image_visualizer import ImageVisualizer, ImageVisualizerConfig
     from trainkit.loggers._in_memory import InMemoryLogger
     from trainkit.loggers._lr_monitor import LRMonitor, LRMonitorConfig
     from trainkit.loggers._mlflow import MLflowLogger, MLflowLoggerConfig
     from trainkit.loggers._nan_monitor import NaNMonitor, NaNMonitorConfig
+    from trainkit.loggers._neptune import NeptuneLogger, NeptuneLoggerConfig
     from trainkit.loggers._optimizer_monitor import (
         OptimizerMonitor,
         OptimizerMonitorConfig,
         l2_norms,
     )
     from trainkit.loggers._progress import ProgressBar, ProgressBarConfig
+    from trainkit.loggers._tables import TableDestination, log_table
     from trainkit.loggers._tensorboard import TensorBoardLogger, TensorBoardLoggerConfig
     from trainkit.loggers._wandb import WandBLogger, WandBLoggerConfig
 
 _MODULES = {
+    "ActivationMonitor": "_activation_monitor",
+    "ActivationMonitorConfig": "_activation_monitor",
+    "CometLogger": "_comet",
+    "CometLoggerConfig": "_comet",
     "ConsoleLogger": "_console",
     "ConsoleLoggerConfig": "_console",
     "FileLogger": "_file",
     "FileLoggerConfig": "_file",
+    "Generate": "_generate",
+    "GenerateConfig": "_generate",
+    "ImageVisualizer": "_image_visualizer",
+    "ImageVisualizerConfig": "_image_visualizer",
     "InMemoryLogger": "_in_memory",
     "LRMonitor": "_lr_monitor",
     "LRMonitorConfig": "_lr_monitor",
@@ -44,23 +63,36 @@ _MODULES = {
     "MLflowLoggerConfig": "_mlflow",
     "NaNMonitor": "_nan_monitor",
     "NaNMonitorConfig": "_nan_monitor",
+    "NeptuneLogger": "_neptune",
+    "NeptuneLoggerConfig": "_neptune",
     "OptimizerMonitor": "_optimizer_monitor",
     "OptimizerMonitorConfig": "_optimizer_monitor",
     "ProgressBar": "_progress",
     "ProgressBarConfig": "_progress",
     "TensorBoardLogger": "_tensorboard",
+    "TableDestination": "_tables",
     "TensorBoardLoggerConfig": "_tensorboard",
     "WandBLogger": "_wandb",
     "WandBLoggerConfig": "_wandb",
+    "activation_stats": "_activation_monitor",
     "l2_norms": "_optimizer_monitor",
+    "log_table": "_tables",
     "read_jsonl": "_file",
 }
 
 __all__ = [
+    "ActivationMonitor",
+    "ActivationMonitorConfig",
+    "CometLogger",
+    "CometLoggerConfig",
     "ConsoleLogger",
     "ConsoleLoggerConfig",
     "FileLogger",
     "FileLoggerConfig",
+    "Generate",
+    "GenerateConfig",
+    "ImageVisualizer",
+    "ImageVisualizerConfig",
     "InMemoryLogger",
     "LRMonitor",
     "LRMonitorConfig",
@@ -68,15 +100,20 @@ __all__ = [
     "MLflowLoggerConfig",
     "NaNMonitor",
     "NaNMonitorConfig",
+    "NeptuneLogger",
+    "NeptuneLoggerConfig",
     "OptimizerMonitor",
     "OptimizerMonitorConfig",
     "ProgressBar",
     "ProgressBarConfig",
+    "TableDestination",
     "TensorBoardLogger",
     "TensorBoardLoggerConfig",
     "WandBLogger",
     "WandBLoggerConfig",
+    "activation_stats",
     "l2_norms",
+    "log_table",
     "read_jsonl",
 ]
 

@@ -16,7 +16,16 @@ from typing import Any
 
 import torch
 
-from trainkit.core import Callback, Logger, LoggerDestination, State, Time, dist
+from trainkit.core import (
+    Callback,
+    Logger,
+    LoggerDestination,
+    State,
+    Time,
+    TimeUnit,
+    dist,
+    ensure_time,
+)
 from trainkit.core.interval import interval_trigger
 
 __all__ = [
@@ -24,6 +33,7 @@ __all__ = [
     "BufferedDestinationConfig",
     "MetricBuffer",
     "Record",
+    "batch_or_epoch_interval",
     "check_flush_interval",
     "check_interval",
     "flatten",
@@ -31,6 +41,7 @@ __all__ = [
     "numeric",
     "path_text",
     "resolve_folder",
+    "starts_interval",
     "to_python",
 ]
 
@@ -52,6 +63,26 @@ def import_extra(module: str, extra: str) -> ModuleType:
 def check_interval(value: str | int | Time) -> None:
     """Raise ValueError unless ``value`` is a duration such as ``"100ba"`` or ``"1ep"``."""
     interval_trigger(value)  # parses it, as the component does when it is built
+
+
+def batch_or_epoch_interval(value: str | int | Time, owner: str) -> Time:
+    """``value`` as a `Time` in batches or epochs (an int counts epochs), else ValueError."""
+    every = ensure_time(value, "interval")
+    if every.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH) or every.value < 1:
+        raise ValueError(
+            f"{owner} interval {value!r} is not valid; use a number of batches or epochs, "
+            "e.g. '25ba' or '1ep'"
+        )
+    return every
+
+
+def starts_interval(every: Time, state: State) -> bool:
+    """Whether the training batch about to run starts an ``every`` interval: the first
+    batch, then every ``every`` batches (or the first batch of every ``every`` epochs)."""
+    ts = state.timestamp
+    if every.unit == TimeUnit.EPOCH:
+        return ts.batch_in_epoch == 0 and ts.epoch % int(every.value) == 0
+    return ts.batch % int(every.value) == 0
 
 
 def check_flush_interval(flush_interval: float) -> None:

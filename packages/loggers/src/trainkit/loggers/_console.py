@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -43,7 +43,9 @@ class ConsoleLogger(Callback, LoggerDestination, config=ConsoleLoggerConfig):
 
     Training metrics go out as ``[epoch 0 batch 100/400] loss/train/total: 0.6931 ...`` at
     the interval (and at the last batch); evaluation metrics as one ``[eval at batch N]``
-    line after each evaluation. Values are converted to numbers only when printed.
+    line after each evaluation; each logged table (e.g. the `Generate` callback's samples)
+    as a ``[<name> at batch N]`` line and one line per row. Values are converted to
+    numbers only when printed.
     Options: `ConsoleLoggerConfig`.
     """
 
@@ -62,6 +64,19 @@ class ConsoleLogger(Callback, LoggerDestination, config=ConsoleLoggerConfig):
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         self._pending.update(metrics)  # sorted out only when printed
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        if dist.get_rank() != 0:
+            return
+        self._print(f"[{name} at batch {step}]")
+        for row in rows:
+            cells = (
+                f"{c}: {v!r}" if isinstance(v, str) else f"{c}: {_format(v)}"
+                for c, v in zip(columns, row, strict=True)
+            )
+            self._print("  " + "  ".join(cells))
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if self._trigger(state, Event.BATCH_END):

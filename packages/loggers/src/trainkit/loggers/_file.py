@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -37,8 +38,10 @@ class FileLoggerConfig(BufferedDestinationConfig):
 class FileLogger(BufferedDestination, config=FileLoggerConfig):
     """Writes ``{folder}/{filename}``: one JSON object per line, appended, readable while training.
 
-    Lines are ``{"step": 12, "time": <unix s>, "metrics": {"loss/train/total": 0.69, ...}}``
-    and, once per run, ``{"time": ..., "hyperparameters": {...}}``. Logged values are kept
+    Lines are ``{"step": 12, "time": <unix s>, "metrics": {"loss/train/total": 0.69, ...}}``,
+    once per run ``{"time": ..., "hyperparameters": {...}}``, and for each logged table
+    (e.g. the `Generate` callback's samples) ``{"step": 12, "time": ..., "table": {"name":
+    "generations", "columns": [...], "rows": [[...], ...]}}``. Logged values are kept
     as they are (tensors stay on their device) and written every ``flush_interval``
     seconds, at the end of `fit`, and on `close`: no device sync and no file write per
     step. A resumed run appends to the same file. Non-finite values are written as
@@ -91,6 +94,18 @@ class FileLogger(BufferedDestination, config=FileLoggerConfig):
 
     def _write_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         line = {"time": time.time(), "hyperparameters": hyperparameters}
+        self._append([json.dumps(line, default=str)])
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        """Append the table as one line, after the metrics buffered so far."""
+        if not self._enabled():
+            return
+        self.flush()
+        self._ensure_started()
+        table = {"name": name, "columns": list(columns), "rows": [list(r) for r in rows]}
+        line = {"step": step, "time": time.time(), "table": table}
         self._append([json.dumps(line, default=str)])
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:

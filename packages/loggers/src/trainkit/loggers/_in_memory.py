@@ -31,6 +31,8 @@ class InMemoryLogger(LoggerDestination):
         self.hyperparameters: dict[str, Any] = {}
         self.images: list[tuple[str, int, Any]] = []
         self.files: list[tuple[str, Path]] = []
+        self.tables: list[tuple[str, int, list[str], list[list[Any]]]] = []
+        """Every logged table: ``(name, step, columns, rows)``."""
         self._raw: dict[str, list[tuple[int, Any]]] = {}
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
@@ -44,6 +46,11 @@ class InMemoryLogger(LoggerDestination):
 
     def log_images(self, name: str, images: torch.Tensor | Sequence[Any], step: int) -> None:
         self.images.append((name, step, images))
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        self.tables.append((name, step, list(columns), [list(row) for row in rows]))
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         self.files.append((name, Path(path)))

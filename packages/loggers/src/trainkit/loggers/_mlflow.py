@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -60,7 +61,9 @@ class MLflowLogger(BufferedDestination, config=MLflowLoggerConfig):
     buffered and sent with ``log_batch`` every ``flush_interval`` seconds; hyperparameters
     become run parameters, nested values flattened to dotted keys
     (``algorithms.0.half_life``; values longer than MLflow's limit are cut); `upload_file`
-    logs an artifact; the run is marked finished on `close`. Options: `MLflowLoggerConfig`.
+    logs an artifact; a table (e.g. the `Generate` callback's samples) is the JSON artifact
+    ``tables/<name>/step<step>.json`` (``{"columns": [...], "rows": [[...], ...]}``); the
+    run is marked finished on `close`. Options: `MLflowLoggerConfig`.
 
     Raises:
         ImportError: MLflow is not installed (``pip install "trainkit-loggers[mlflow]"``).
@@ -112,6 +115,16 @@ class MLflowLogger(BufferedDestination, config=MLflowLoggerConfig):
         for start in range(0, len(params), _MAX_PARAMS_PER_CALL):
             chunk = params[start : start + _MAX_PARAMS_PER_CALL]
             self.client.log_batch(self.run_id, params=chunk, synchronous=True)
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        if not self._enabled():
+            return
+        self.flush()
+        self._ensure_started()
+        table = {"columns": list(columns), "rows": [list(r) for r in rows]}
+        self.client.log_dict(self.run_id, table, f"tables/{_key(name)}/step{step}.json")
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         """Log ``path`` as the run artifact ``name`` (e.g. ``"checkpoints/ep1.pt"``)."""

@@ -20,6 +20,7 @@ from trainkit.loggers._common import (
     path_text,
     resolve_folder,
 )
+from trainkit.loggers._tables import markdown_table
 
 __all__ = ["TensorBoardLogger", "TensorBoardLoggerConfig"]
 
@@ -40,7 +41,8 @@ class TensorBoardLogger(BufferedDestination, config=TensorBoardLoggerConfig):
 
     Numeric metrics become scalars at their step; hyperparameters become a text summary
     (a Markdown table) named ``hyperparameters``, nested values flattened to dotted keys
-    (``algorithms.0.half_life``); images go through ``add_images``. Options:
+    (``algorithms.0.half_life``); images go through ``add_images``; tables (e.g. the
+    `Generate` callback's samples) become text summaries (Markdown tables) at their step. Options:
     `TensorBoardLoggerConfig`.
 
     Raises:
@@ -80,6 +82,16 @@ class TensorBoardLogger(BufferedDestination, config=TensorBoardLoggerConfig):
     def _write_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         rows = "\n".join(f"| {k} | {v} |" for k, v in flatten(hyperparameters).items())
         self.writer.add_text("hyperparameters", f"| name | value |\n|---|---|\n{rows}")
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        if not self._enabled():
+            return
+        self.flush()
+        self._ensure_started()
+        self.writer.add_text(name, markdown_table(columns, rows), global_step=step)
+        self.writer.flush()
 
     def log_images(self, name: str, images: torch.Tensor | Sequence[Any], step: int) -> None:
         if not self._enabled():

@@ -72,7 +72,8 @@ class WandBLogger(BufferedDestination, config=WandBLoggerConfig):
     so the run's charts match the training steps. Hyperparameters become the run's
     config, nested as logged (components as ``{"name": ..., **fields}``). wandb reads its
     usual environment (``WANDB_MODE=offline``, ``WANDB_DIR``, ``WANDB_API_KEY``); ``mode``
-    and ``dir`` override it. Options: `WandBLoggerConfig`.
+    and ``dir`` override it. Tables (e.g. the `Generate` callback's samples) are logged
+    as ``wandb.Table`` at their step. Options: `WandBLoggerConfig`.
 
     Raises:
         ImportError: wandb is not installed (``pip install "trainkit-loggers[wandb]"``).
@@ -130,6 +131,16 @@ class WandBLogger(BufferedDestination, config=WandBLoggerConfig):
                 images = images.permute(0, 2, 3, 1)
             images = list(images.numpy())
         self.run.log({name: [self._wandb.Image(image) for image in images]}, step=step)
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        if not self._enabled():
+            return
+        self.flush()  # keep steps in order
+        self._ensure_started()
+        table = self._wandb.Table(columns=list(columns), data=[list(r) for r in rows])
+        self.run.log({name: table}, step=step)
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         """Log ``path`` as a wandb artifact named after ``name`` (new versions, never replaced)."""

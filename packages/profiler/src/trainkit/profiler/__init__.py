@@ -2,7 +2,7 @@
 
 Every component is a callback registered under the ``trainkit.callbacks`` entry points:
 ``profiler``, ``speed_monitor``, ``memory_monitor``, ``system_metrics_monitor``,
-``runtime_estimator``. Each is configured by its config dataclass
+``runtime_estimator``, ``memory_snapshot``, ``oom_observer``. Each is configured by its config dataclass
 (``SpeedMonitor(SpeedMonitorConfig(window_size=50))`` or ``SpeedMonitor(window_size=50)``).
 
 The names below are imported on first use (PEP 562), so loading one entry point imports
@@ -17,6 +17,8 @@ from trainkit.core.plugins import lazy_exports
 
 if TYPE_CHECKING:
     from trainkit.profiler._memory_monitor import MemoryMonitor, MemoryMonitorConfig
+    from trainkit.profiler._memory_snapshot import MemorySnapshot, MemorySnapshotConfig
+    from trainkit.profiler._oom_observer import OOMObserver, OOMObserverConfig
     from trainkit.profiler._peak_flops import PEAK_FLOPS, device_peak_flops, peak_flops_for
     from trainkit.profiler._profiler import Profiler, ProfilerConfig
     from trainkit.profiler._runtime_estimator import RuntimeEstimator, RuntimeEstimatorConfig
@@ -32,6 +34,10 @@ _MODULES = {
     "PEAK_FLOPS": "_peak_flops",
     "MemoryMonitor": "_memory_monitor",
     "MemoryMonitorConfig": "_memory_monitor",
+    "MemorySnapshot": "_memory_snapshot",
+    "MemorySnapshotConfig": "_memory_snapshot",
+    "OOMObserver": "_oom_observer",
+    "OOMObserverConfig": "_oom_observer",
     "Profiler": "_profiler",
     "ProfilerConfig": "_profiler",
     "RuntimeEstimator": "_runtime_estimator",
@@ -50,6 +56,10 @@ __all__ = [
     "PEAK_FLOPS",
     "MemoryMonitor",
     "MemoryMonitorConfig",
+    "MemorySnapshot",
+    "MemorySnapshotConfig",
+    "OOMObserver",
+    "OOMObserverConfig",
     "Profiler",
     "ProfilerConfig",
     "RuntimeEstimator",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from trainkit.core import Callback, Event, Logger, State
 from trainkit.profiler._peak_flops import device_peak_flops
 
 __all__ = ["SpeedMonitor", "SpeedMonitorConfig"]
+
+_SECONDS_PER = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
 
 
 class _Point(NamedTuple):
@@ -30,8 +32,16 @@ class SpeedMonitorConfig:
     run's precision in `trainkit.profiler.PEAK_FLOPS`; none on CPU)."""
     measure_flops: bool = True
     """Count FLOPs once, on the first batch, when the model has no ``flops_per_batch``."""
+    time_unit: Literal["seconds", "minutes", "hours", "days"] = "hours"
+    """The unit of ``time/train``, ``time/val`` and ``time/total`` (Composer's default:
+    hours)."""
 
     def __post_init__(self) -> None:
+        if self.time_unit not in _SECONDS_PER:
+            raise ValueError(
+                f"time_unit {self.time_unit!r} is not known; use one of "
+                f"{', '.join(map(repr, _SECONDS_PER))}"
+            )
         window = self.window_size
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window_size {self.window_size} is not valid; use 1 or more batches")
@@ -46,10 +56,15 @@ class SpeedMonitorConfig:
 class SpeedMonitor(Callback, config=SpeedMonitorConfig):
     """Logs throughput over the last ``window_size`` batches, after every batch.
 
-    Keys: ``throughput/batches_per_sec``, ``throughput/samples_per_sec`` (all ranks),
-    ``throughput/device/samples_per_sec`` (per rank), the same for tokens when batches
-    have tokens, ``throughput/flops_per_sec`` and ``throughput/device/flops_per_sec``
-    when FLOPs are known, and ``throughput/device/mfu`` when the device's peak is known.
+    Keys: ``throughput/batches_per_sec`` and ``throughput/samples_per_sec`` (all ranks),
+    ``throughput/device/batches_per_sec`` and ``throughput/device/samples_per_sec`` (per
+    rank), the same for tokens when batches have tokens, ``throughput/flops_per_sec`` and
+    ``throughput/device/flops_per_sec`` when FLOPs are known, and ``throughput/device/mfu``
+    when the device's peak is known. Also, after every batch (as Composer's), the run's
+    wall-clock time in ``time_unit``: ``time/train`` (training, evaluation excluded),
+    ``time/val`` (every evaluation, standalone ones included) and ``time/total`` (their
+    sum); these are saved with the run, so a resumed run goes on counting. The time
+    between ``fit`` calls (and before a resume) is not counted.
 
     Time is the host's wall clock between batch ends, without evaluation; nothing waits
     for the device, and over a window the host runs at the device's pace (its launch
@@ -81,9 +96,20 @@ class SpeedMonitor(Callback, config=SpeedMonitorConfig):
         self._flops_per_batch: Any = None
         self._world = self._streams = 1
         self._samples_in: Any = None
+        self._train_seconds = 0.0
+        self._eval_seconds = 0.0
+        self._mark: float | None = None  # when training time was last counted up to
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_seconds": self._train_seconds, "eval_seconds": self._eval_seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._train_seconds = float(state["train_seconds"])
+        self._eval_seconds = float(state["eval_seconds"])
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._window.clear()  # the time between two fit() calls is not training
+        self._mark = time.perf_counter()
         self._peak = self.config.peak_flops or device_peak_flops(state.device, state.precision)
         # The model's optional FLOPs count: looked up once per fit, not per batch.
         self._flops_per_batch = getattr(
@@ -120,8 +146,15 @@ class SpeedMonitor(Callback, config=SpeedMonitorConfig):
 
     def eval_after_all(self, state: State, logger: Logger) -> None:
         if self._eval_started is not None:
-            self._excluded += time.perf_counter() - self._eval_started
+            seconds = time.perf_counter() - self._eval_started
+            self._excluded += seconds
+            self._eval_seconds += seconds
+            if self._mark is not None:
+                self._mark += seconds  # not training time
             self._eval_started = None
+
+    eval_standalone_start = eval_before_all
+    eval_standalone_end = eval_after_all
 
     def _batch_flops(self, state: State) -> float:
         if self._flops_per_batch is not None:
@@ -135,18 +168,30 @@ class SpeedMonitor(Callback, config=SpeedMonitorConfig):
     def batch_end(self, state: State, logger: Logger) -> None:
         ts = state.timestamp
         self._flops += self._batch_flops(state)
-        now = time.perf_counter() - self._excluded
+        clock = time.perf_counter()
+        if self._mark is not None:
+            self._train_seconds += clock - self._mark
+        self._mark = clock
+        unit = _SECONDS_PER[self.config.time_unit]
+        times = {
+            "time/train": self._train_seconds / unit,
+            "time/val": self._eval_seconds / unit,
+            "time/total": (self._train_seconds + self._eval_seconds) / unit,
+        }
+        now = clock - self._excluded
         self._window.append(_Point(now, ts.batch, ts.sample, ts.token, self._flops))
-        if len(self._window) < 2:
-            return
         first, last = self._window[0], self._window[-1]
         seconds = last.seconds - first.seconds
-        if seconds <= 0:
+        if len(self._window) < 2 or seconds <= 0:
+            logger.log_metrics(times)
             return
         world = self._world
         samples = (last.samples - first.samples) / seconds
+        batches = (last.batches - first.batches) / seconds
         metrics = {
-            "throughput/batches_per_sec": (last.batches - first.batches) / seconds,
+            **times,
+            "throughput/batches_per_sec": batches,
+            "throughput/device/batches_per_sec": batches / world,
             "throughput/samples_per_sec": samples,
             "throughput/device/samples_per_sec": samples / world,
         }
