@@ -1,4 +1,4 @@
-"""Composition rules: methods that mix targets, combined, warn once; SAM reads the same flag."""
+"""Composition rules: methods that mix targets, combined, warn once."""
 
 import warnings
 

@@ -101,6 +101,11 @@ def test_unknown_precision(precision):
         trainer(precision=precision)
 
 
+def test_composer_amp_fp8_says_it_is_not_supported_yet():
+    with pytest.raises(ValueError, match=r"'amp_fp8' \(Composer's fp8 .*\) is not supported yet"):
+        trainer(precision="amp_fp8")
+
+
 def test_fp16_needs_cuda():
     with pytest.raises(
         ValueError, match=r"'amp_fp16' needs a CUDA device.*use 'amp_bf16' or 'fp32'"

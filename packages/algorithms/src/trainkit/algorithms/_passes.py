@@ -5,7 +5,7 @@ low-precision norms are ``"last"``). What is left here is a rule about targets: 
 cutmix and label_smoothing each interpolate the targets (or the loss); combined, they mix
 the targets more than once, which is rarely meant, so it is reported once. A method says
 it does so with ``mixes_targets = True`` on `ComposableAlgorithm`, which also registers
-the pass (``ordering_passes``); SAM reads the same declaration.
+the pass (``ordering_passes``).
 """
 
 from __future__ import annotations
@@ -54,5 +54,4 @@ class ComposableAlgorithm(Algorithm):
 
     mixes_targets: ClassVar[bool] = False
     """The method interpolates the targets or the loss (mixup, cutmix, label smoothing):
-    combining two such methods warns, and SAM's second pass, which recomputes the model's
-    own loss, warns that it leaves it out."""
+    combining two such methods warns."""

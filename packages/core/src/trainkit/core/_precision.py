@@ -169,6 +169,11 @@ def check_precision(value: Precision | str | None) -> str:
     if isinstance(value, Precision):
         return value.name
     name = "fp32" if value is None else value
+    if name == "amp_fp8":
+        raise ValueError(
+            "precision 'amp_fp8' (Composer's fp8 through TransformerEngine) is not supported "
+            f"yet; use 'amp_bf16' (accepted: {', '.join(map(repr, PRECISIONS))})"
+        )
     if name not in PRECISIONS:
         raise ValueError(
             f"unknown precision {value!r}; accepted: {', '.join(map(repr, PRECISIONS))} or a "
