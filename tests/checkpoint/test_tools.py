@@ -49,7 +49,7 @@ def test_inspect_shows_time_layout_files_and_model(sharded, capsys):
     for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
         assert name in out
     assert "module.0.weight  (24, 8)" in out and "float32" in out
-    assert "keys         model, optimizers, rng, run_name, schedulers" in out
+    assert "keys         data, model, optimizers, rng, run_name, schedulers" in out
 
     code, out, _ = _run(capsys, "inspect", str(folder), "--json")
     info = json.loads(out)

@@ -28,6 +28,8 @@ DEFAULT_CONFIG = """\
 # The embedded default: a byte-level GPT-2 learning to write Python from the standard library.
 model: {name: tiny_gpt2, n_layer: 2, n_head: 4, n_embd: 128, n_positions: 128}
 data: {name: stdlib_text, seq_len: 128, batch_size: 16}
+# From a local MDS copy (`trainkit data convert stdlib_text stdlib-mds`), resumable on any
+# number of ranks: data: {name: streaming, local: stdlib-mds, batch_size: 16}
 optimizers: {name: AdamW, lr: 0.002, weight_decay: 0.01}
 schedulers:
   - {name: cosine_with_warmup, t_warmup: 0.05dur, alpha_f: 0.1}

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-import itertools
-import warnings
+import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-__all__ = ["DataSpec", "ResumableBatchSampler", "default_split_batch", "to_device"]
+from trainkit.core import dist
+from trainkit.core._data_position import DataPosition, ReplayPosition, position_for
+
+__all__ = [
+    "DataSpec",
+    "default_num_samples",
+    "default_num_tokens",
+    "default_split_batch",
+    "to_device",
+]
 
 Batch = Any
 _UNKNOWN = object()
@@ -50,7 +58,13 @@ def _first_tensor(batch: Batch) -> torch.Tensor | None:
 
 
 def default_num_samples(batch: Batch) -> int:
-    """Size of dim 0 of the first tensor in the batch."""
+    """Samples in a batch: the size of dim 0 of its first tensor, or for packed text (a
+    dict batch with ``position_ids`` beside ``input_ids``, as HF's flattening collator
+    makes) the number of sequences, each starting at position 0."""
+    if isinstance(batch, Mapping) and isinstance(batch.get("position_ids"), torch.Tensor):
+        positions, ids = batch["position_ids"], batch.get("input_ids")
+        if isinstance(ids, torch.Tensor) and positions.shape == ids.shape:
+            return int((positions == 0).sum())
     tensor = _first_tensor(batch)
     if tensor is None or tensor.ndim == 0:
         raise ValueError(
@@ -61,10 +75,11 @@ def default_num_samples(batch: Batch) -> int:
 
 
 def default_num_tokens(batch: Batch) -> int:
-    """Tokens in a dict batch with ``input_ids`` (non-padding when an attention mask is present)."""
+    """Tokens in a dict batch with ``input_ids``: those the attention mask keeps when there
+    is one, else all of them (packed text has no padding); 0 for other batches."""
     if type(batch) in (tuple, list) or isinstance(batch, torch.Tensor):
         return 0
-    if isinstance(batch, Mapping) and "input_ids" in batch:
+    if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), torch.Tensor):
         mask = batch.get("attention_mask")
         return int(mask.sum()) if isinstance(mask, torch.Tensor) else batch["input_ids"].numel()
     return 0
@@ -99,67 +114,27 @@ def _common_count(parts: Iterable[Sequence[Any]], batch: Batch) -> int:
     return counts.pop()
 
 
-class ResumableBatchSampler:
-    """Wraps a DataLoader's batch sampler: order fixed by (seed, epoch), and a skip count.
-
-    The skipped batches are index lists only: no sample is loaded to get past them, so a
-    run resumes mid-epoch at the cost of drawing the epoch's permutation once.
-    """
-
-    def __init__(self, batch_sampler: Iterable[list[int]], seed: int):
-        self.batch_sampler = batch_sampler
-        self.seed = seed
-        self.epoch = 0
-        self.skip = 0
-
-    def set_position(self, epoch: int, batches_done: int) -> None:
-        self.epoch, self.skip = epoch, batches_done
-
-    def __iter__(self) -> Iterator[list[int]]:
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
-            sampler.set_epoch(self.epoch)
-        elif hasattr(sampler, "generator"):  # RandomSampler, SubsetRandomSampler, ...
-            sampler.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        skip, self.skip = self.skip, 0
-        return itertools.islice(iter(self.batch_sampler), skip, None)
-
-    def __len__(self) -> int:
-        return len(self.batch_sampler)  # type: ignore[arg-type]
-
-
-def _resumable_loader(loader: DataLoader, seed: int) -> tuple[DataLoader, ResumableBatchSampler]:
-    sampler = ResumableBatchSampler(loader.batch_sampler, seed)
-    rebuilt = DataLoader(
-        loader.dataset,
-        batch_sampler=sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        # A private generator: iterating a DataLoader draws a worker seed, and drawing it
-        # from the global RNG would make a resumed run diverge from an uninterrupted one.
-        generator=torch.Generator().manual_seed(seed),
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-        persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device,
-        in_order=getattr(loader, "in_order", True),
-    )
-    return rebuilt, sampler
-
-
 class DataSpec:
     """Wraps any iterable of batches and says how to handle its batches.
 
     Args:
         dataloader: a `DataLoader` or any re-iterable of batches.
         num_samples: samples per epoch, if known (defaults to ``len(dataset)``).
-        get_num_samples_in_batch: batch -> samples (default: dim 0 of the first tensor).
-        get_num_tokens_in_batch: batch -> tokens (default: ``input_ids`` in dict batches).
+        get_num_samples_in_batch: batch -> samples (default: `default_num_samples`).
+        get_num_tokens_in_batch: batch -> tokens (default: `default_num_tokens`).
         split_batch: ``(batch, microbatch_size) -> list`` (default: split along dim 0).
         device_transfer: ``(batch, device) -> batch`` (default: move every tensor).
+        position: how the loader is positioned on resume and what checkpoints hold of it, a
+            `DataPosition`. Default: chosen for the loader when the run starts (a map-style
+            `DataLoader`'s sampler, a `StreamingDataset`'s sample position, the loader's own
+            ``state_dict()``, or else replaying the trained batches).
+        sum_counts: how a step's samples and tokens are counted over data-parallel ranks.
+            True: every rank's counts are summed (one small collective per step; exact when
+            ranks' batches differ, e.g. padded or packed text of varying length). False:
+            this rank's counts times the number of data-parallel ranks (no communication;
+            exact when every rank's batch holds as many). None: True when the batches hold
+            tokens or the counting functions are given, else False (decided at the first
+            batch, the same on every rank).
     """
 
     def __init__(
@@ -171,22 +146,35 @@ class DataSpec:
         get_num_tokens_in_batch: Callable[[Batch], int] | None = None,
         split_batch: Callable[[Batch, int], Sequence[Batch]] | None = None,
         device_transfer: Callable[[Batch, torch.device], Batch] | None = None,
+        position: DataPosition | None = None,
+        sum_counts: bool | None = None,
     ):
         if not isinstance(dataloader, Iterable):
             raise TypeError(f"dataloader must be iterable, got {type(dataloader).__name__}")
+        if position is not None and not isinstance(position, DataPosition):
+            raise TypeError(
+                f"position must be a DataPosition (trainkit.core.data), got {type(position).__name__}"
+            )
         self.dataloader = dataloader
         self.num_samples = num_samples
         if num_samples is None and isinstance(dataloader, DataLoader):
             dataset = dataloader.dataset
             if not isinstance(dataset, IterableDataset) and hasattr(dataset, "__len__"):
                 self.num_samples = len(dataset)  # type: ignore[arg-type]
+        custom_counts = get_num_samples_in_batch is not None or get_num_tokens_in_batch is not None
         self.get_num_samples_in_batch = get_num_samples_in_batch or default_num_samples
         self.get_num_tokens_in_batch = get_num_tokens_in_batch or default_num_tokens
         self.split_batch = split_batch or default_split_batch
         self.device_transfer = device_transfer or to_device
-        self._resumable: ResumableBatchSampler | None = None
+        self.sum_counts = sum_counts
+        self._custom_counts = custom_counts
+        self._chosen_position = position
+        self.position: DataPosition = ReplayPosition()
+        """How the loader resumes; `make_resumable` chooses it for the training data."""
+        self._resumable = False
+        self._pending: dict[str, Any] | None = None
         self._loader: Iterable[Batch] = dataloader
-        self._warned_replay = False
+        self._live: tuple[int, list[int], Iterator[Batch]] | None = None
         self._length: int | object | None = _UNKNOWN
 
     def __len__(self) -> int:
@@ -204,44 +192,118 @@ class DataSpec:
         return self._length  # type: ignore[return-value]
 
     def make_resumable(self, seed: int) -> None:
-        """Fix the shuffle order by (seed, epoch) so a run can resume at any batch.
-
-        Map-style `DataLoader`s get a `ResumableBatchSampler`; loaders with their own
-        ``state_dict`` are trusted to resume themselves; anything else resumes by
-        skipping batches (and says so once).
-        """
-        loader = self.dataloader
-        if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
-            self._loader, self._resumable = _resumable_loader(loader, seed)
+        """Choose the loader's `DataPosition` (``position`` if given) and prepare it, so a
+        run can resume at any batch. Called once, for the training data."""
+        if self._resumable:
+            return
+        self.position = self._chosen_position or position_for(self.dataloader)
+        self._loader = self.position.prepare(self.dataloader, seed)
+        self._resumable = True
+        if self._pending is not None:
+            self.position.load_state_dict(self._pending)
+            self._pending = None
 
     def iter_epoch(self, epoch: int, batches_done: int = 0) -> Iterator[Batch]:
         """Iterate epoch ``epoch`` starting after its first ``batches_done`` batches."""
         self._length = _UNKNOWN  # the data may have changed between epochs
-        if self._resumable is not None:
-            self._resumable.set_position(epoch, batches_done)
-            return iter(self._loader)
-        sampler = getattr(self._loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        iterator = iter(self._loader)
-        if batches_done and not hasattr(self._loader, "state_dict"):
-            if not self._warned_replay:
-                self._warned_replay = True
-                warnings.warn(
-                    f"resuming mid-epoch on a {type(self._loader).__name__}, which trainkit "
-                    f"cannot position directly: skipping {batches_done} batches by iterating "
-                    "them. Use a map-style DataLoader, or a loader with state_dict(), to resume "
-                    "without reading the skipped data",
-                    stacklevel=2,
-                )
-            iterator = itertools.islice(iterator, batches_done, None)
+        if self._live is not None:
+            live_epoch, yielded, iterator = self._live
+            if batches_done and (live_epoch, yielded[0]) == (epoch, batches_done):
+                return iterator  # the same process goes on where it stopped: nothing to skip
+        yielded = [batches_done]
+        iterator = _counting(self.position.iter_epoch(self._loader, epoch, batches_done), yielded)
+        self._live = (epoch, yielded, iterator)
         return iterator
 
+    def count_batch(
+        self, batch: Batch, data_parallel_size: int, device: torch.device | str = "cpu"
+    ) -> tuple[int, int]:
+        """Samples and tokens that this step trains on over all data-parallel ranks.
+
+        Collective when counts are summed (see ``sum_counts``): every rank calls it once
+        per batch. ``device`` must suit the process group (a CUDA device under NCCL).
+        """
+        samples = self.get_num_samples_in_batch(batch)
+        tokens = self.get_num_tokens_in_batch(batch)
+        world = dist.get_world_size()
+        if world == 1:
+            return samples * data_parallel_size, tokens * data_parallel_size
+        if self.sum_counts is None:
+            self.sum_counts = dist.any_rank(self._custom_counts or tokens > 0, device)
+        if not self.sum_counts:
+            return samples * data_parallel_size, tokens * data_parallel_size
+        totals = torch.tensor([samples, tokens], dtype=torch.int64, device=device)
+        summed = dist.all_reduce(totals).tolist()
+        sharing = world // data_parallel_size  # ranks that read one batch (tensor parallel)
+        return summed[0] // sharing, summed[1] // sharing
+
     def state_dict(self) -> dict[str, Any]:
-        """The loader's own state when it has one (e.g. torchdata's StatefulDataLoader)."""
-        state_dict = getattr(self._loader, "state_dict", None)
-        return {"loader": state_dict()} if state_dict is not None else {}
+        """Where every rank's data is, for a checkpoint. Collective: every rank calls it.
+
+        ``{"ranks": [...]}``, each rank's `DataPosition.state_dict` in rank order,
+        serialised to bytes: a checkpoint writer that keeps one copy of a non-tensor value
+        (torch.distributed.checkpoint keeps rank 0's) still holds every rank's.
+        """
+        return {"ranks": dist.all_gather_object(_encode(self.position.state_dict()))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "loader" in state and hasattr(self._loader, "load_state_dict"):
-            self._loader.load_state_dict(state["loader"])
+        """Restore this rank's position from what `state_dict` returned (on every rank).
+
+        Raises:
+            ValueError: the positions were saved by another number of ranks and the
+                position is not elastic, or an elastic position differs between ranks.
+        """
+        if "ranks" not in state:
+            return
+        self._live = None  # a loaded position replaces wherever this process was
+        saved = [_decode(blob) for blob in state["ranks"]]
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if len(saved) == world:
+            mine = saved[rank]
+        elif not self.position.elastic:
+            raise ValueError(
+                f"the checkpoint's data position was saved by {len(saved)} ranks and this run "
+                f"has {world}: a {type(self.position).__name__} keeps one position per rank, "
+                f"which cannot be moved to another number of ranks. Resume on {len(saved)} "
+                "ranks, use data whose position is global (a StreamingDataset), or leave the "
+                "data position out (load_ignore_keys=['data']: the epoch is then replayed)"
+            )
+        elif any(not _same(s, saved[0]) for s in saved[1:]):
+            raise ValueError(
+                f"the checkpoint's {type(self.position).__name__} positions differ between "
+                f"its {len(saved)} ranks, so none of them can be given to this run's {world} "
+                "ranks; resume on as many ranks as saved it"
+            )
+        else:
+            mine = saved[0]
+        if self._resumable:
+            self.position.load_state_dict(mine)
+        else:
+            self._pending = mine  # applied once make_resumable has chosen the position
+
+
+def _counting(iterator: Iterator[Batch], yielded: list[int]) -> Iterator[Batch]:
+    for batch in iterator:
+        yielded[0] += 1
+        yield batch
+
+
+def _encode(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _decode(blob: bytes) -> dict[str, Any]:
+    # weights_only: a checkpoint's data state is plain data and tensors; nothing in it runs.
+    return torch.load(io.BytesIO(blob), weights_only=True)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b

@@ -133,12 +133,9 @@ def start_batch(state: State, engine: Engine, batch: Any) -> BatchClock:
     data = state.train_data
     assert data is not None
     started = time.perf_counter()
-    streams = state.data_parallel_size  # ranks that share data (tensor parallel) count it once
-    clock = BatchClock(
-        data.get_num_samples_in_batch(batch) * streams,
-        data.get_num_tokens_in_batch(batch) * streams,
-        started,
-    )
+    # Over all data-parallel ranks; ranks that share data (tensor parallel) count it once.
+    samples, tokens = data.count_batch(batch, state.data_parallel_size, state.device)
+    clock = BatchClock(samples, tokens, started)
     state.batch = data.device_transfer(batch, state.device)
     engine.run_event(Event.BATCH_START)
     return clock

@@ -1,0 +1,316 @@
+"""`DataPosition`: where a loader is in its data, and how a run gets back there on resume.
+
+A `DataSpec` holds one position object, chosen for its loader when the run starts:
+
+- a map-style `DataLoader`: `SamplerPosition` (the order is fixed by seed and epoch; the
+  batches already trained on are skipped as index lists, no sample is loaded);
+- a `StreamingDataset` (MosaicML Streaming): `trainkit.core._streaming.StreamingPosition`
+  (the global sample position, restorable on any number of ranks and workers);
+- any other loader with ``state_dict()`` / ``load_state_dict()`` (torchdata's
+  `StatefulDataLoader`, ...): `LoaderState`, which checkpoints that state for every rank;
+- anything else: `ReplayPosition`, which skips the trained batches by iterating them.
+
+A user's own kind of data implements `DataPosition` and passes it as
+``DataSpec(loader, position=...)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from trainkit.core import dist
+
+__all__ = [
+    "DataPosition",
+    "EpochSeeds",
+    "LoaderState",
+    "ReplayPosition",
+    "ResumableBatchSampler",
+    "SamplerPosition",
+    "StatefulLoader",
+    "position_for",
+]
+
+Batch = Any
+
+
+@runtime_checkable
+class StatefulLoader(Protocol):
+    """A loader that saves and restores its own position (torchdata's `StatefulDataLoader`,
+    streaming's `StreamingDataLoader`, ...)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class DataPosition:
+    """Where a loader is in its data: how an epoch is iterated from a given point, and what
+    a checkpoint must hold to come back to it.
+
+    Every rank's `state_dict` is saved (`DataSpec.state_dict` gathers them). On resume with
+    as many ranks, each rank gets its own back; with another number of ranks, only an
+    ``elastic`` position is restored (every rank gets the one position they all saved),
+    any other is an error.
+    """
+
+    elastic: bool = False
+    """The position is global (the same on every rank, e.g. a sample offset into one
+    order shared by all ranks), so a run may resume on another number of ranks."""
+
+    def prepare(self, loader: Iterable[Batch], seed: int) -> Iterable[Batch]:
+        """Called once when the run starts; returns what to iterate (default: ``loader``)."""
+        return loader
+
+    def iter_epoch(self, loader: Iterable[Batch], epoch: int, batches_done: int) -> Iterator[Batch]:
+        """Iterate epoch ``epoch`` of ``loader`` after its first ``batches_done`` batches."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's position, as plain data and tensors (default: nothing to save)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (on another rank, if ``elastic``)."""
+
+
+class ResumableBatchSampler:
+    """Wraps a DataLoader's batch sampler: order fixed by (seed, epoch), and a skip count.
+
+    The skipped batches are index lists only: no sample is loaded to get past them, so a
+    run resumes mid-epoch at the cost of drawing the epoch's permutation once.
+    """
+
+    def __init__(self, batch_sampler: Iterable[list[int]], seed: int):
+        self.batch_sampler = batch_sampler
+        self.seed = seed
+        self.epoch = 0
+        self.skip = 0
+
+    def set_position(self, epoch: int, batches_done: int) -> None:
+        self.epoch, self.skip = epoch, batches_done
+
+    def __iter__(self) -> Iterator[list[int]]:
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
+            sampler.set_epoch(self.epoch)
+        elif hasattr(sampler, "generator"):  # RandomSampler, SubsetRandomSampler, ...
+            sampler.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        skip, self.skip = self.skip, 0
+        return itertools.islice(iter(self.batch_sampler), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)  # type: ignore[arg-type]
+
+
+def _set_epoch(loader: Any, epoch: int) -> None:
+    sampler = getattr(loader, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+
+
+class EpochSeeds:
+    """Gives a `DataLoader` without a ``generator`` one of its own, seeded by (seed, epoch)
+    before each epoch.
+
+    Iterating a DataLoader draws its workers' base seed from its generator, or from the
+    global RNG when it has none: a resumed run would draw at another point of the global
+    stream than the uninterrupted run did, and its random numbers (dropout, ...) diverge.
+    """
+
+    def __init__(self, loader: Any, seed: int):
+        self.generator: torch.Generator | None = None
+        self.seed = seed
+        if isinstance(loader, DataLoader) and loader.generator is None:
+            self.generator = loader.generator = torch.Generator()
+
+    def start(self, epoch: int) -> None:
+        if self.generator is not None:
+            self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+
+
+class _CountedPosition(DataPosition):
+    """A position that is the run's per-rank batch count: restored from the timestamp.
+
+    Elastic only between epochs: mid-epoch on another number of ranks, each rank skips as
+    many batches as each saved rank had trained, which repeats or drops some of the
+    epoch's samples (a warning says so).
+    """
+
+    elastic = True
+
+    def __init__(self) -> None:
+        self._saved_world_size: int | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"world_size": dist.get_world_size()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._saved_world_size = state.get("world_size")
+
+    def _check_world(self, batches_done: int) -> None:
+        saved, self._saved_world_size = self._saved_world_size, None
+        world = dist.get_world_size()
+        if batches_done and saved is not None and saved != world:
+            warnings.warn(
+                f"resuming mid-epoch on {world} ranks from a run on {saved}: "
+                f"{type(self).__name__} positions each rank by its batch count, so some of "
+                "this epoch's samples are seen twice or not at all (exact from the next "
+                "epoch on). Resume on the same number of ranks, or use data whose position "
+                "is global (a StreamingDataset)",
+                stacklevel=4,
+            )
+
+
+class SamplerPosition(_CountedPosition):
+    """A map-style `DataLoader`: its batch sampler is wrapped in a `ResumableBatchSampler`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sampler: ResumableBatchSampler | None = None
+
+    def prepare(self, loader: Iterable[Batch], seed: int) -> Iterable[Batch]:
+        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+            raise TypeError(
+                f"SamplerPosition needs a DataLoader over a map-style dataset, got "
+                f"{type(loader).__name__}"
+            )
+        rebuilt, self._sampler = _resumable_loader(loader, seed)
+        return rebuilt
+
+    def iter_epoch(self, loader: Iterable[Batch], epoch: int, batches_done: int) -> Iterator[Batch]:
+        assert self._sampler is not None, "iter_epoch before prepare"
+        self._check_world(batches_done)
+        self._sampler.set_position(epoch, batches_done)
+        return iter(loader)
+
+
+class ReplayPosition(_CountedPosition):
+    """Any iterable: a resumed epoch is iterated from its start, skipping the batches
+    already trained on (they are read again: a warning says so once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._warned = False
+        self._seeds: EpochSeeds | None = None
+
+    def prepare(self, loader: Iterable[Batch], seed: int) -> Iterable[Batch]:
+        self._seeds = EpochSeeds(loader, seed)
+        return loader
+
+    def iter_epoch(self, loader: Iterable[Batch], epoch: int, batches_done: int) -> Iterator[Batch]:
+        self._check_world(batches_done)
+        _set_epoch(loader, epoch)
+        if self._seeds is not None:
+            self._seeds.start(epoch)
+        iterator = iter(loader)
+        if batches_done:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"resuming mid-epoch on a {type(loader).__name__}, which trainkit cannot "
+                    f"position directly: skipping {batches_done} batches by iterating them. "
+                    "Use a map-style DataLoader, a loader with state_dict() / "
+                    "load_state_dict(), or a StreamingDataset to resume without reading the "
+                    "skipped data",
+                    stacklevel=4,
+                )
+            iterator = itertools.islice(iterator, batches_done, None)
+        return iterator
+
+
+class LoaderState(DataPosition):
+    """A loader with its own ``state_dict()`` / ``load_state_dict()``: that state is saved
+    for every rank and handed back to the same rank on resume.
+
+    Args:
+        elastic: the loader's state is global (every rank's is the same and means the same
+            on any number of ranks), so it may be restored on another number of ranks.
+            torchdata's `StatefulDataLoader` keeps a per-rank, per-worker position: it is
+            not elastic (resume it on as many ranks and workers).
+    """
+
+    def __init__(self, *, elastic: bool = False):
+        self.elastic = elastic
+        self._loader: StatefulLoader | None = None
+        self._pending: dict[str, Any] | None = None
+
+    def prepare(self, loader: Iterable[Batch], seed: int) -> Iterable[Batch]:
+        if not isinstance(loader, StatefulLoader):
+            raise TypeError(
+                f"LoaderState needs a loader with state_dict() and load_state_dict(), got "
+                f"{type(loader).__name__}"
+            )
+        self._loader = loader
+        if self._pending is not None:
+            loader.load_state_dict(self._pending)
+            self._pending = None
+        return loader
+
+    def iter_epoch(self, loader: Iterable[Batch], epoch: int, batches_done: int) -> Iterator[Batch]:
+        _set_epoch(loader, epoch)
+        return iter(loader)  # the loader continues from its own (restored) state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self._loader.state_dict()} if self._loader is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "loader" not in state:
+            return
+        if self._loader is None:
+            self._pending = state["loader"]
+        else:
+            self._loader.load_state_dict(state["loader"])
+
+
+def position_for(loader: Iterable[Batch]) -> DataPosition:
+    """The position that fits ``loader`` (see the module's docstring for the choice)."""
+    if _holds_streaming_dataset(loader):
+        from trainkit.core._streaming import StreamingPosition
+
+        return StreamingPosition()
+    if isinstance(loader, StatefulLoader):
+        return LoaderState()
+    if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+        return SamplerPosition()
+    return ReplayPosition()
+
+
+def _holds_streaming_dataset(loader: Any) -> bool:
+    # No import: a StreamingDataset exists only if its module was imported already.
+    streaming = sys.modules.get("streaming")
+    dataset_class = getattr(streaming, "StreamingDataset", None)
+    return (
+        dataset_class is not None
+        and isinstance(loader, DataLoader)
+        and isinstance(loader.dataset, dataset_class)
+    )
+
+
+def _resumable_loader(loader: DataLoader, seed: int) -> tuple[DataLoader, ResumableBatchSampler]:
+    sampler = ResumableBatchSampler(loader.batch_sampler, seed)
+    rebuilt = DataLoader(
+        loader.dataset,
+        batch_sampler=sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        # A private generator: iterating a DataLoader draws a worker seed, and drawing it
+        # from the global RNG would make a resumed run diverge from an uninterrupted one.
+        generator=torch.Generator().manual_seed(seed),
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=loader.pin_memory_device,
+        in_order=getattr(loader, "in_order", True),
+    )
+    return rebuilt, sampler
