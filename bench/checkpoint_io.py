@@ -1,13 +1,26 @@
 """Checkpoint I/O, measured in one run against baselines on the same disk.
 
-- save / load throughput of trainkit (DCP + manifest + sha256) for a ~1 GB model and
-  AdamW state, vs torch.save / torch.load(weights_only=True) of the same tensors, vs the
-  disk's sequential bandwidth (dd, with the page cache dropped where allowed);
-- async_save: how long training is blocked, as a fraction of a synchronous save;
-- elastic load: a checkpoint saved with FSDP2 on 4 ranks loaded on 2 ranks, vs saved and
-  loaded on 2 ranks (smaller model; forked gloo ranks, see tests/multirank.py).
+- save: trainkit's synchronous save (DCP shards checksummed while written, fsynced,
+  manifest, ``latest``) of a model with AdamW state, vs ``torch.save`` + fsync of the same
+  tensors, vs the disk's sequential write (dd with fdatasync);
+- cold load: trainkit's load (every file's checksum verified, then read into the model and
+  optimizer) with the page cache dropped, vs ``torch.load(weights_only=True)`` cold, vs dd's
+  cold read;
+- async save: how long training is blocked (until ``save_checkpoint(async_save=True)``
+  returns; the host buffers are reused from the previous save, as a Checkpointer's are), as
+  a fraction of the median synchronous save;
+- elastic load (``--elastic-size``): a checkpoint saved with FSDP2 on 4 ranks loaded on 2,
+  vs saved and loaded on 2 (forked gloo ranks, see tests/multirank.py).
 
-    uv run python bench/checkpoint_io.py [--gb 1.0] [--folder /tmp/tk-bench]
+Each figure is min / median / max over ``--runs`` runs (5), the variants interleaved so
+that drift of a shared machine spreads over all of them (and trainkit going first every
+other run); ratios are taken run by run (the two measured back to back) and their median
+shown with each run's. Targets (issue 17):
+save <= 1.0x torch.save + fsync, cold load <= 1.0x torch.load, async blocked <= 10% of a
+synchronous save.
+
+    uv run python bench/checkpoint_io.py                  # ~1 GB of model + AdamW state
+    uv run python bench/checkpoint_io.py --size 0.1 --runs 3 --elastic-size 0
 """
 
 from __future__ import annotations
@@ -16,10 +29,12 @@ import argparse
 import contextlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,42 +48,28 @@ from trainkit.core import State
 
 
 def drop_caches() -> bool:
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
         subprocess.run(["sync"], check=True)
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         return True
     return False
 
 
-def dd_bandwidth(folder: Path, megabytes: int) -> tuple[float, float]:
-    target = folder / "dd.bin"
+def settle(seconds: float = 3.0) -> None:
+    """Flush what is written and let the disk (and a VM host's cache under it) drain."""
+    os.sync()
+    time.sleep(seconds)
+
+
+def dd(args: list[str]) -> float:
     start = time.perf_counter()
-    subprocess.run(
-        [
-            "dd",
-            "if=/dev/zero",
-            f"of={target}",
-            "bs=16M",
-            f"count={megabytes // 16}",
-            "conv=fdatasync",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    write = megabytes / (time.perf_counter() - start)
-    drop_caches()
-    start = time.perf_counter()
-    subprocess.run(
-        ["dd", f"if={target}", "of=/dev/null", "bs=16M"], check=True, capture_output=True
-    )
-    read = megabytes / (time.perf_counter() - start)
-    target.unlink()
-    return write, read
+    subprocess.run(["dd", *args], check=True, capture_output=True)
+    return time.perf_counter() - start
 
 
 def make_state(gigabytes: float) -> State:
     # fp32 weights + AdamW's two moments: 12 bytes a parameter.
-    width = 4096
+    width = 1024 if gigabytes < 0.2 else 4096
     layers = max(1, round(gigabytes * 1e9 / 12 / (width * width)))
     model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -85,52 +86,104 @@ def _save_durably(obj: object, path: Path) -> None:
         os.fsync(stream.fileno())
 
 
-def timed(fn) -> float:
+def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def single_process(folder: Path, gigabytes: float) -> None:
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f} s"
+
+
+def single_process(folder: Path, gigabytes: float, runs: int, checksum: str) -> None:
     state = make_state(gigabytes)
-    size_mb = sum(t.numel() * t.element_size() for t in state.model.parameters()) * 3 / 1e6
-    dd_write, dd_read = dd_bandwidth(folder, int(size_mb))
+    nbytes = sum(t.numel() * t.element_size() for t in state.model.parameters()) * 3
+    megabytes = nbytes / 1e6
     plain = {"model": state.model.state_dict(), "optim": state.optimizers[0].state_dict()}
+    times: dict[str, list[float]] = {}
 
-    torch_save = timed(lambda: torch.save(plain, folder / "plain.pt"))
-    torch_save_durable = timed(lambda: _save_durably(plain, folder / "durable.pt"))
-    drop_caches()
-    torch_load = timed(lambda: torch.load(folder / "plain.pt", weights_only=True))
-    trainkit_save = timed(lambda: save_checkpoint(state, folder / "ckpt"))
+    def record(name: str, seconds: float) -> None:
+        times.setdefault(name, []).append(seconds)
+
+    count = max(1, int(megabytes // 16))
+    warm = save_checkpoint(state, folder / "warm", async_save=True, checksum=checksum)
+    warm.wait()  # allocates the async save's host buffers once, as a run's first save does
+    shutil.rmtree(folder / "warm")
+    dropped = False
+    for run in range(runs):
+        dropped = _one_run(folder, state, plain, f"{run}", count, checksum, record)
+
+    med = {name: statistics.median(values) for name, values in times.items()}
+    print(f"state: {megabytes:.0f} MB (fp32 model + AdamW), checksum {checksum}, {runs} runs, "
+          f"page cache dropped before cold reads: {dropped}")  # fmt: skip
+    print("figures: min / median / max")
+    for name in ("dd write", "dd read", "torch.save+fsync", "trainkit save", "torch.load",
+                 "trainkit load", "async blocked", "async total"):  # fmt: skip
+        rate = megabytes / med[name] if "async" not in name else 0
+        extra = f"  ({rate:.0f} MB/s at the median)" if rate else ""
+        print(f"  {name:<17} {spread(times[name])}{extra}")
+
+    def paired(ours: str, theirs: str) -> str:
+        # Run by run (the two measured back to back), so that drift of a shared disk cancels.
+        ratios = [a / b for a, b in zip(times[ours], times[theirs], strict=True)]
+        runs = ", ".join(f"{r:.2f}" for r in ratios)
+        return f"{statistics.median(ratios):.2f} (runs: {runs})"
+
+    print(f"save:  trainkit / (torch.save + fsync) = {paired('trainkit save', 'torch.save+fsync')}"
+          f" (target <= 1.0); trainkit / dd write = {paired('trainkit save', 'dd write')}")  # fmt: skip
+    print(f"load:  trainkit / torch.load (cold) = {paired('trainkit load', 'torch.load')}"
+          f" (target <= 1.0); trainkit / dd read = {paired('trainkit load', 'dd read')}")  # fmt: skip
+    blocked = paired("async blocked", "trainkit save")
+    print(f"async: training blocked / synchronous save = {blocked} (target <= 0.10)")
+
+
+def _one_run(
+    folder: Path,
+    state: State,
+    plain: dict,
+    run: str,
+    count: int,
+    checksum: str,
+    record: Callable[[str, float], None],
+) -> bool:
+    """One round of every measurement; whether the page cache could be dropped."""
+    ckpt, later = folder / f"ckpt{run}", folder / f"async{run}"
+    settle()
+    record("dd write", dd(["if=/dev/zero", f"of={folder}/dd.bin", "bs=16M", f"count={count}",
+                           "conv=fdatasync"]))  # fmt: skip
     dropped = drop_caches()
-    trainkit_load = timed(lambda: load_checkpoint(state, folder / "ckpt"))
-    pending = None
+    record("dd read", dd([f"if={folder}/dd.bin", "of=/dev/null", "bs=16M"]))
+    (folder / "dd.bin").unlink()
+    saves = [
+        ("torch.save+fsync", lambda: _save_durably(plain, folder / "plain.pt")),
+        ("trainkit save", lambda: save_checkpoint(state, ckpt, checksum=checksum)),
+    ]
+    loads = [
+        ("torch.load", lambda: torch.load(folder / "plain.pt", weights_only=True)),
+        ("trainkit load", lambda: load_checkpoint(state, ckpt)),
+    ]
+    if int(run) % 2:  # every other run the other way round: what goes first pays no less
+        saves.reverse()
+        loads.reverse()
+    for name, save in saves:
+        settle()  # each starts on an idle disk, with nothing of the other's left to write
+        record(name, timed(save))
+    for name, load in loads:
+        drop_caches()
+        record(name, timed(load))
+    start = time.perf_counter()
+    pending = save_checkpoint(state, later, async_save=True, checksum=checksum)
+    record("async blocked", time.perf_counter() - start)
+    pending.wait()
+    record("async total", time.perf_counter() - start)
+    for path in (ckpt, later):
+        shutil.rmtree(path)
+    (folder / "plain.pt").unlink()
+    return dropped
 
-    def start_async():
-        nonlocal pending
-        pending = save_checkpoint(state, folder / "ckpt-async", async_save=True)
 
-    blocked = timed(start_async)
-    total_async = blocked + timed(pending.wait)
-
-    print(f"state: {size_mb:.0f} MB (model + AdamW), page cache dropped before reads: {dropped}")
-    print(f"disk (dd): write {dd_write:.0f} MB/s, read {dd_read:.0f} MB/s")
-    print(
-        f"save: trainkit {size_mb / trainkit_save:.0f} MB/s ({trainkit_save:.2f} s) vs torch.save {size_mb / torch_save:.0f} MB/s ({torch_save:.2f} s): ratio {trainkit_save / torch_save:.2f}"
-    )
-    print(
-        f"load: trainkit {size_mb / trainkit_load:.0f} MB/s ({trainkit_load:.2f} s, sha256 verified) vs torch.load {size_mb / torch_load:.0f} MB/s ({torch_load:.2f} s): ratio {trainkit_load / torch_load:.2f}"
-    )
-    print(
-        f"save: vs torch.save + fsync (durable, as trainkit's is) {size_mb / torch_save_durable:.0f} MB/s ({torch_save_durable:.2f} s): ratio {trainkit_save / torch_save_durable:.2f}"
-    )
-    print(f"save vs disk write bandwidth: {size_mb / trainkit_save / dd_write:.2f}")
-    print(
-        f"async save: training blocked {blocked:.2f} s = {blocked / trainkit_save:.0%} of a synchronous save (target <= 20%); write finished after {total_async:.2f} s"
-    )
-
-
-def _elastic_save(rank: int, world: int, folder: str, gigabytes: float) -> None:
+def _sharded_state(gigabytes: float) -> State:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
@@ -139,17 +192,15 @@ def _elastic_save(rank: int, world: int, folder: str, gigabytes: float) -> None:
         fully_shard(layer)
     fully_shard(state.model)
     state.optimizers = [torch.optim.AdamW(state.model.parameters(), lr=1e-4)]
-    save_checkpoint(state, Path(folder))
+    return state
+
+
+def _elastic_save(rank: int, world: int, folder: str, gigabytes: float) -> None:
+    save_checkpoint(_sharded_state(gigabytes), Path(folder))
 
 
 def _elastic_load(rank: int, world: int, folder: str, gigabytes: float) -> float:
-    from torch.distributed.fsdp import fully_shard
-
-    state = make_state(gigabytes)
-    for layer in state.model:
-        fully_shard(layer)
-    fully_shard(state.model)
-    state.optimizers = [torch.optim.AdamW(state.model.parameters(), lr=1e-4)]
+    state = _sharded_state(gigabytes)
     torch.distributed.barrier()
     start = time.perf_counter()
     load_checkpoint(state, Path(folder))
@@ -161,22 +212,26 @@ def elastic(folder: Path, gigabytes: float) -> None:
     run_ranks(_elastic_save, 2, str(folder / "from2"), gigabytes, timeout=900)
     same = max(run_ranks(_elastic_load, 2, str(folder / "from2"), gigabytes, timeout=900))
     moved = max(run_ranks(_elastic_load, 2, str(folder / "from4"), gigabytes, timeout=900))
-    print(
-        f"elastic load of {gigabytes:.2f} GB on 2 ranks: saved on 4 ranks {moved:.2f} s vs saved on 2 ranks {same:.2f} s: ratio {moved / same:.2f}"
-    )
+    print(f"elastic load of {gigabytes:.2f} GB on 2 ranks: saved on 4 ranks {moved:.2f} s vs "
+          f"saved on 2 ranks {same:.2f} s: ratio {moved / same:.2f}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gb", type=float, default=1.0, help="model + optimizer state size")
-    parser.add_argument("--elastic-gb", type=float, default=0.25)
-    parser.add_argument("--folder", type=Path, default=None)
+    parser.add_argument("--size", "--gb", type=float, default=1.0,
+                        help="model + AdamW state, in GB (default 1.0)")  # fmt: skip
+    parser.add_argument("--runs", type=int, default=5, help="runs of each measurement")
+    parser.add_argument("--checksum", default="xxh3_128", choices=["xxh3_128", "sha256"])
+    parser.add_argument("--elastic-size", "--elastic-gb", type=float, default=0.25,
+                        help="state size of the elastic-load measurement (0: skip it)")  # fmt: skip
+    parser.add_argument("--folder", type=Path, default=None, help="on the disk to measure")
     args = parser.parse_args()
     folder = args.folder or Path(tempfile.mkdtemp(prefix="tk-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        single_process(folder, args.gb)
-        elastic(folder, args.elastic_gb)
+        single_process(folder, args.size, args.runs, args.checksum)
+        if args.elastic_size > 0:
+            elastic(folder, args.elastic_size)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -66,7 +66,7 @@ def test_interval_and_final_save_and_manifest(tmp_path):
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp"}
     for name, entry in manifest["files"].items():
         assert (tmp_path / "ep2-ba20" / name).stat().st_size == entry["size"]
-        assert len(entry["sha256"]) == 64
+        assert len(entry["xxh3_128"]) == 32  # the default checksum, 128 bits
 
 
 def test_keep_rotates_but_never_the_newest(tmp_path):

@@ -36,6 +36,10 @@ EXAMPLES = {
     "name_format": "step{batch}",
     "verify": False,
     "local_dir": "staging",
+    "checksum": "xxh3_128",
+    "lock": False,
+    "lock_wait": 30.0,
+    "lease": 120.0,
 }
 """A valid value, other than the default, for each field a config file may set."""
 

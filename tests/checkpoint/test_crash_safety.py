@@ -13,8 +13,8 @@ from toy import flat_params
 from trainkit.checkpoint import (
     CheckpointError,
     _commit,
-    _manifest,
     _storage,
+    _write,
     list_checkpoints,
     load_checkpoint,
 )
@@ -22,7 +22,7 @@ from trainkit.checkpoint import (
 # Points inside a save where the process dies; each one is patched to SIGKILL itself.
 KILL_POINTS = {
     "while writing shards": (FileSystemWriter, "write_data"),
-    "while hashing shards": (_manifest, "hash_file"),
+    "while hashing shards": (_write, "hasher"),  # files are hashed as they are written
     "before the manifest": (_storage, "atomic_write_bytes"),
     "before publishing the folder": (os, "rename"),
     "before updating latest": (_commit, "fsync_dir"),
@@ -78,7 +78,7 @@ def test_corrupted_shard_is_detected_and_autoresume_falls_back(tmp_path):
     trainer(tmp_path, interval="2ba", max_duration="4ba").fit()
     newest = tmp_path / "ep0-ba4"
     _corrupt(newest / "__0_0.distcp")
-    with pytest.raises(CheckpointError, match=r"__0_0\.distcp does not match its sha256"):
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp does not match its xxh3_128"):
         load_checkpoint(trainer().state, newest)
     with pytest.warns(
         UserWarning, match=r"cannot resume from .*ep0-ba4.*trying the previous checkpoint"

@@ -114,7 +114,7 @@ def test_corrupted_remote_shard_is_detected_and_autoresume_falls_back(s3, tmp_pa
     trainer(url, interval="2ba", max_duration="4ba", storage_options=s3.options).fit()
     _corrupt(s3, "run/ep0-ba4/__0_0.distcp")
     with pytest.raises(
-        CheckpointError, match=rf"{url}/ep0-ba4/__0_0\.distcp does not match its sha256"
+        CheckpointError, match=rf"{url}/ep0-ba4/__0_0\.distcp does not match its xxh3_128"
     ):
         load_checkpoint(trainer().state, f"{url}/ep0-ba4", storage_options=s3.options)
     with pytest.warns(

@@ -1,34 +1,44 @@
 """trainkit.checkpoint: elastic sharded checkpoints on torch.distributed.checkpoint."""
 
-from trainkit.checkpoint._checkpointer import Checkpointer, CheckpointerConfig, list_checkpoints
+from trainkit.checkpoint._checkpointer import Checkpointer, CheckpointerConfig
 from trainkit.checkpoint._composer import load_torch_file
 from trainkit.checkpoint._errors import (
     CheckpointError,
     CheckpointExistsError,
+    FolderLockedError,
     MissingAlgorithmError,
     StorageError,
     UnsafeCheckpointError,
+    UnsafePathError,
 )
+from trainkit.checkpoint._listing import list_checkpoints
 from trainkit.checkpoint._load import load_checkpoint, resolve_checkpoint
+from trainkit.checkpoint._lock import FolderLock
 from trainkit.checkpoint._manifest import Manifest
 from trainkit.checkpoint._s3 import S3Storage
 from trainkit.checkpoint._save import PendingSave, save_checkpoint
-from trainkit.checkpoint._storage import LocalStorage, Storage, open_storage
+from trainkit.checkpoint._storage import ConditionalStorage, LocalStorage, Storage, open_storage
 from trainkit.checkpoint._tools import export_checkpoint, inspect_checkpoint, verify_checkpoint
+from trainkit.checkpoint._write import SaveAbandoned
 
 __all__ = [
     "CheckpointError",
     "CheckpointExistsError",
     "Checkpointer",
     "CheckpointerConfig",
+    "ConditionalStorage",
+    "FolderLock",
+    "FolderLockedError",
     "LocalStorage",
     "Manifest",
     "MissingAlgorithmError",
     "PendingSave",
     "S3Storage",
+    "SaveAbandoned",
     "Storage",
     "StorageError",
     "UnsafeCheckpointError",
+    "UnsafePathError",
     "export_checkpoint",
     "inspect_checkpoint",
     "list_checkpoints",

@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", help="a checkpoint folder, a latest file, or a folder with one")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
     verify = commands.add_parser(
-        "verify", parents=[common], help="check every file against the manifest's sha256"
+        "verify", parents=[common], help="check every file against the manifest's size and checksum"
     )
     verify.add_argument("path", help="a checkpoint folder, a latest file, or a folder with one")
     export = commands.add_parser(
@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "verify":
             manifest = verify_checkpoint(args.path, storage_options=options)
             print(
-                f"ok: {args.path}: {len(manifest.files)} files match their sizes and sha256 in "
-                "the manifest"
+                f"ok: {args.path}: {len(manifest.files)} files match their sizes and checksums "
+                "in the manifest"
             )
         else:
             shapes = export_checkpoint(args.path, args.out, storage_options=options)

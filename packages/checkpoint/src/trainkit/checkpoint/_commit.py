@@ -3,9 +3,10 @@
 1. Rank 0 `begin`s: a hidden ``.tmp-<name>-<token>`` folder on a file system; on an object
    store (which cannot rename) the folder ``<name>`` itself, emptied and marked
    ``.incomplete``.
-2. Every rank writes its DCP shards on its own machine (in place on a file system), then
-   `Commit.hand_over` hashes them and hands them to the storage.
-3. Rank 0 learns every rank's files, with sizes and sha256: gathered by a collective in a
+2. Every rank writes its DCP shards on its own machine (in place on a file system),
+   checksummed as they are written (`DigestingWriter`); `Commit.hand_over` hands them to
+   the storage.
+3. Rank 0 learns every rank's files, with sizes and checksums: gathered by a collective in a
    synchronous save; from side files each rank writes after its hand-over in an
    asynchronous one, whose background part runs without collectives.
 4. Rank 0 `Commit.publish`es: ``.metadata``, then the manifest, last of the checkpoint's
@@ -34,8 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-from trainkit.checkpoint._errors import CheckpointError, CheckpointExistsError
-from trainkit.checkpoint._manifest import MANIFEST, FileEntry, Manifest, describe_files, fsync_dir
+from trainkit.checkpoint._errors import CheckpointError, CheckpointExistsError, UnsafePathError
+from trainkit.checkpoint._manifest import MANIFEST, FileEntry, Manifest, fsync_dir
 from trainkit.checkpoint._storage import Storage, join, location
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "interrupted_saves",
     "occupant",
     "remove_checkpoint",
+    "remove_own_checkpoint",
 ]
 
 LATEST = "latest"
@@ -82,6 +84,8 @@ def occupant(storage: Storage, name: str) -> str | None:
     (nothing there, or what an interrupted save on an object store left)."""
     try:
         data = storage.read_bytes(join(name, MANIFEST))
+    except UnsafePathError:
+        return "a symbolic link or a special file (never followed)"
     except (FileNotFoundError, IsADirectoryError):
         if not storage.exists(name) or storage.exists(join(name, INCOMPLETE)):
             return None
@@ -114,17 +118,20 @@ class Commit:
         self.pending = f"{TMP_PREFIX}{name}-{token}" if self.in_place else name
         self.side_files = join(self.pending, _SIDE_FILES.format(token=token))
 
-    def hand_over(self, rank: int) -> dict[str, FileEntry]:
-        """This rank's shards (DCP names them ``__<rank>_<n>.distcp``) to the storage."""
-        names = sorted(p.name for p in self.staging.iterdir() if p.name.startswith(f"__{rank}_"))
-        entries = describe_files(self.staging, names)
-        for file in names:
+    def hand_over(self, rank: int, written: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        """This rank's shards (DCP names them ``__<rank>_<n>.distcp``) to the storage.
+
+        ``written``: every file this rank wrote, with the size and checksum taken while
+        writing it.
+        """
+        entries = {name: e for name, e in written.items() if name.startswith(f"__{rank}_")}
+        for file in sorted(entries):
             self.storage.upload(self.staging / file, join(self.pending, file))
         return entries
 
     def report(self, rank: int, files: dict[str, FileEntry]) -> None:
         """Tell rank 0, through the storage, that this rank's ``files`` are in."""
-        listing = {file: vars(entry) for file, entry in files.items()}
+        listing = {file: entry.to_dict() for file, entry in files.items()}
         self.storage.write_bytes(
             join(self.side_files, f"rank{rank}.json"), json.dumps(listing).encode()
         )
@@ -140,7 +147,7 @@ class Commit:
                     listing = self.storage.read_bytes(join(self.side_files, f"rank{rank}.json"))
                 except FileNotFoundError:
                     continue
-                files.update({f: FileEntry(**e) for f, e in json.loads(listing).items()})
+                files.update({f: FileEntry.from_dict(e) for f, e in json.loads(listing).items()})
                 missing.remove(rank)
             if missing:
                 if time.monotonic() > deadline:
@@ -153,11 +160,12 @@ class Commit:
         self.storage.delete(self.side_files)
         return files
 
-    def publish(self, files: dict[str, FileEntry]) -> None:
-        """Rank 0, once every rank's ``files`` are in: the manifest, then ``latest``."""
+    def publish(self, files: dict[str, FileEntry], metadata: FileEntry) -> None:
+        """Rank 0, once every rank's ``files`` are in: ``.metadata`` (``metadata``: its size
+        and checksum), the manifest, then ``latest``."""
         storage = self.storage
         storage.upload(self.staging / ".metadata", join(self.pending, ".metadata"))
-        self.manifest.files = files | describe_files(self.staging, [".metadata"])
+        self.manifest.files = files | {".metadata": metadata}
         storage.write_bytes(join(self.pending, MANIFEST), self.manifest.to_json().encode())
         if self.in_place:
             _rename(storage, self.pending, self.name, self.overwrite)
@@ -175,7 +183,7 @@ class Commit:
 def _rename(storage: Storage, pending: str, name: str, overwrite: bool) -> None:
     source, target = storage.local_path(pending), storage.local_path(name)
     assert source is not None and target is not None, "only file systems rename"
-    if not target.exists():
+    if not os.path.lexists(target):
         os.rename(source, target)
         fsync_dir(target.parent)
         return
@@ -195,7 +203,7 @@ def _rename(storage: Storage, pending: str, name: str, overwrite: bool) -> None:
         os.rename(source, target)
         fsync_dir(target.parent)
         source = aside
-    shutil.rmtree(source, ignore_errors=True)  # the old checkpoint, now under a hidden name
+    storage.delete(source.name)  # the old checkpoint (or link), now under a hidden name
 
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
@@ -227,6 +235,40 @@ def remove_checkpoint(storage: Storage, name: str) -> None:
     """Delete the checkpoint ``name``, its manifest first: a half-deleted folder is no checkpoint."""
     storage.delete(join(name, MANIFEST))
     storage.delete(name)
+
+
+def remove_own_checkpoint(storage: Storage, name: str, run_id: str) -> list[str]:
+    """Rotation: delete the checkpoint ``name`` if its manifest says run ``run_id`` wrote it.
+
+    Only what the manifest lists (and the manifest, first) is deleted, then the folder if
+    that emptied it; returns what was left in it (files the run did not write). Raises
+    `CheckpointError` when the manifest is missing, unreadable or another run's.
+    """
+    where = location(storage, name)
+    try:
+        data = storage.read_bytes(join(name, MANIFEST))
+    except (FileNotFoundError, IsADirectoryError):
+        raise CheckpointError(f"{where} has no manifest; not deleted") from None
+    manifest = Manifest.parse(data, f"{where}/{MANIFEST}")
+    if not run_id or manifest.run_id != run_id:
+        raise CheckpointError(
+            f"{where} was written by another run (run id {manifest.run_id or 'unknown'!r}, this "
+            f"run's {run_id!r}); not deleted"
+        )
+    storage.delete(join(name, MANIFEST))
+    for file in sorted(manifest.files):
+        storage.delete(join(name, file))
+    local = storage.local_path(name)
+    if local is None:
+        return []
+    try:
+        local.rmdir()
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return sorted(p.name for p in local.iterdir())
+    fsync_dir(local.parent)
+    return []
 
 
 def interrupted_saves(storage: Storage) -> list[str]:

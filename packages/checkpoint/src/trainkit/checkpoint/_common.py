@@ -17,6 +17,7 @@ __all__ = [
     "agreed",
     "is_node_leader",
     "on_rank0",
+    "plain_error",
     "plain_errors",
     "shareable",
     "single_process_is_intended",
@@ -91,9 +92,17 @@ def plain_errors(what: str) -> Iterator[None]:
     try:
         yield
     except CheckpointException as err:
-        causes = [exc for exc, _ in err.failures.values()]
-        for cause in causes:
-            if isinstance(cause, CheckpointError):
-                raise cause from err
-        summary = "; ".join(f"{type(c).__name__}: {c}" for c in causes)
-        raise CheckpointError(f"{what} failed: {summary}") from err
+        raise plain_error(err, what) from err
+
+
+def plain_error(err: BaseException, what: str) -> BaseException:
+    """``err`` as the error to raise: one of ours inside DCP's `CheckpointException` as it
+    is, DCP's other failures as a `CheckpointError`, anything else unchanged."""
+    if not isinstance(err, CheckpointException):
+        return err
+    causes = [exc for exc, _ in err.failures.values()]
+    for cause in causes:
+        if isinstance(cause, CheckpointError):
+            return cause
+    summary = "; ".join(f"{type(c).__name__}: {c}" for c in causes)
+    return CheckpointError(f"{what} failed: {summary}")

@@ -113,7 +113,13 @@ def load_torch_file(
 def _read(file: Path, where: str) -> dict[str, Any]:
     """The file's dict, built with torch's weights-only unpickler; Composer's layout checked."""
     if not file.is_file():
-        what = "is a folder, not a file" if file.is_dir() else "does not exist"
+        what = (
+            "is a folder, not a file"
+            if file.is_dir()
+            else "is not a regular file (a FIFO, a device, ...); it was not opened"
+            if file.exists()
+            else "does not exist"
+        )
         raise CheckpointError(f"checkpoint file {where} {what}")
     try:
         with torch.serialization.safe_globals(_safe_globals()):

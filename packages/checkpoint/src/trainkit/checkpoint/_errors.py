@@ -3,9 +3,11 @@
 __all__ = [
     "CheckpointError",
     "CheckpointExistsError",
+    "FolderLockedError",
     "MissingAlgorithmError",
     "StorageError",
     "UnsafeCheckpointError",
+    "UnsafePathError",
 ]
 
 
@@ -19,7 +21,18 @@ class CheckpointExistsError(CheckpointError):
 
 
 class UnsafeCheckpointError(CheckpointError):
-    """A checkpoint file carries something that would run code when loaded; nothing was run."""
+    """A checkpoint file carries something unsafe to load (code that would run, a path out of
+    its folder); nothing of it was run or read."""
+
+
+class UnsafePathError(UnsafeCheckpointError):
+    """A checkpoint or a storage names a path outside its folder (absolute, with ``..``, a
+    symbolic link), or a file that is not a regular file (a FIFO, a device); it was neither
+    read nor deleted."""
+
+
+class FolderLockedError(CheckpointError):
+    """Another run holds the checkpoint folder; nothing was written."""
 
 
 class StorageError(CheckpointError):

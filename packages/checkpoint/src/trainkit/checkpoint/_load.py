@@ -18,7 +18,8 @@ from trainkit.checkpoint._composer import is_torch_file, load_torch_file
 from trainkit.checkpoint._errors import CheckpointError
 from trainkit.checkpoint._fetch import fetched, resolve
 from trainkit.checkpoint._manifest import Manifest
-from trainkit.checkpoint._safe import SafeLoadPlanner, SafeReader
+from trainkit.checkpoint._read import SafeReader
+from trainkit.checkpoint._safe import SafeLoadPlanner
 from trainkit.checkpoint._select import (
     IgnoreKeys,
     check_required_algorithms,
@@ -68,7 +69,7 @@ def load_checkpoint(
             (a loaded copy), and what it deletes keeps the run's own values.
         exclude_algorithms: algorithm class names (``"BlurPool"``) whose saved state is not
             loaded and which the run need not have even if the checkpoint requires them.
-        verify: check every file's sha256 against the manifest first (sizes always).
+        verify: check every file's checksum against the manifest first (sizes always).
         storage_options: for a URL, options of its storage back end (see `S3Storage`).
         local_dir: for a URL, where the checkpoint is downloaded before it is loaded
             (default: a folder in the system's temporary directory; removed after loading).
@@ -150,7 +151,7 @@ def _load_folder(
         # The callable edits loaded values: load into copies, so that the run's own tensors
         # change only through load_state_dict, after the edit.
         template = _copied(template)
-    reader = SafeReader(folder)
+    reader = SafeReader(folder, manifest.files)
     _check_model_keys(
         template, reader, strict and not any(k.startswith("model/") for k in ignored), where
     )

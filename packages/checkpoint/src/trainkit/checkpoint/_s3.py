@@ -4,6 +4,11 @@ boto3 is imported only here, when an S3 storage is created. Every request is ret
 exponential backoff on transient errors (connection failures, timeouts, throttling, 5xx);
 anything else fails at once. Errors name the bucket, the key and the endpoint, never the
 credentials.
+
+No request names a key outside the prefix: keys with empty, ``.`` or ``..`` parts are
+refused (`UnsafePathError`) before any request (an S3-compatible service or a proxy that
+normalises paths would otherwise resolve them elsewhere), listed folder names that are not
+plain names are skipped, and listed keys outside the prefix are never deleted.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from trainkit.checkpoint._errors import StorageError
+from trainkit.checkpoint._confine import split_key
+from trainkit.checkpoint._errors import StorageError, UnsafePathError
 from trainkit.checkpoint._storage import join
 
 __all__ = ["S3Storage"]
@@ -28,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _INSTALL_HINT = 'S3 checkpoints need boto3: pip install "trainkit-checkpoint[s3]"'
 _MISSING = frozenset({"404", "NoSuchKey", "NotFound"})
+_CHANGED = frozenset({"412", "PreconditionFailed", "409", "ConditionalRequestConflict"})
 _DENIED = frozenset(
     {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
 )
@@ -85,6 +92,8 @@ class S3Storage:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ValueError(f"attempts={attempts!r} is not valid; use a positive number of tries")
         self.bucket, self.prefix = parts.netloc, parts.path.strip("/")
+        if self.prefix:
+            split_key(self.prefix, f"s3://{self.bucket}")  # no '..' in the prefix either
         self.url = f"s3://{join(self.bucket, self.prefix)}"
         self.endpoint = (
             _USERINFO.sub("***@", endpoint_url) if endpoint_url else "the default AWS endpoint"
@@ -167,12 +176,23 @@ class S3Storage:
                 Bucket=self.bucket, Prefix=prefix, Delimiter="/"
             )
             found = (p["Prefix"] for page in pages for p in page.get("CommonPrefixes", ()))
-            return sorted(p[len(prefix) :].rstrip("/") for p in found)
+            names = (p[len(prefix) :].rstrip("/") for p in found if p.startswith(prefix))
+            # A key such as "prefix/../x" lists as the folder "..": never one of ours.
+            return sorted(n for n in names if n not in {"", ".", ".."} and "\\" not in n)
 
         return self._call("listing of", "", names)
 
     def delete(self, key: str) -> None:
+        if not key:
+            raise ValueError(f"refusing to delete everything under {self.url}")
         keys = self._list(key)
+        inside = self._key(key) + "/"
+        outside = [k for k in keys if not k.startswith(inside) or ".." in k.split("/")]
+        if outside:
+            raise UnsafePathError(
+                f"the listing of s3://{join(self.bucket, inside)} returned keys outside it "
+                f"({outside[:3]}); nothing was deleted"
+            )
         self._call("delete of", key, self._client.delete_object,
                    Bucket=self.bucket, Key=self._key(key))  # fmt: skip
         for start in range(0, len(keys), 1000):  # the most one request takes
@@ -180,9 +200,40 @@ class S3Storage:
             self._call("delete of", key, self._client.delete_objects,
                        Bucket=self.bucket, Delete=batch)  # fmt: skip
 
+    # --- ConditionalStorage: the folder's lock ---------------------------------------------
+
+    def read_versioned(self, key: str) -> tuple[bytes, str | None]:
+        def read() -> tuple[bytes, str]:
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return answer["Body"].read(), answer["ETag"]
+
+        try:
+            return self._call("read of", key, read)
+        except FileNotFoundError:
+            return b"", None
+
+    def delete_if(self, key: str, version: str) -> bool:
+        # A read, then a delete: a run that took the key over in between (after this one's
+        # lease expired) loses its lock file, and finds out at its next renewal.
+        if self.read_versioned(key)[1] != version:
+            return False
+        self.delete(key)
+        return True
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> bool:
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            self._call("conditional upload to", key, self._client.put_object,
+                       Bucket=self.bucket, Key=self._key(key), Body=data, **condition)  # fmt: skip
+        except _Changed:
+            return False
+        return True
+
     # --- requests --------------------------------------------------------------------------
 
     def _key(self, key: str) -> str:
+        if key:
+            split_key(key, self.url)  # refuses '', '.', '..' parts before any request
         return join(self.prefix, key)
 
     def _list(self, folder: str, limit: int | None = None) -> list[str]:
@@ -209,6 +260,8 @@ class S3Storage:
                 code = _code(err)
                 if code in _MISSING:
                     raise FileNotFoundError(f"{where} does not exist") from None
+                if code in _CHANGED:
+                    raise _Changed(where) from None
                 if not _transient(err, code) or attempt == self.attempts:
                     raise StorageError(self._message(what, where, err, code, attempt)) from None
                 delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
@@ -240,6 +293,10 @@ class S3Storage:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return _USERINFO.sub("***@", text)
+
+
+class _Changed(Exception):
+    """A conditional request found the key changed (HTTP 412 / 409)."""
 
 
 @functools.cache

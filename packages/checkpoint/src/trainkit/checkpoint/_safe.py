@@ -4,7 +4,8 @@ torch's `FileSystemReader` unpickles ``.metadata`` with plain `pickle.load`, and
 default load planner reads non-tensor entries with torch's full unpickler (weights_only off).
 Either would run whatever a crafted file asks for. Here ``.metadata`` goes through an
 unpickler that only builds DCP's own metadata classes, and non-tensor entries through
-``torch.load(weights_only=True)``.
+``torch.load(weights_only=True)``. (`trainkit.checkpoint._read.SafeReader` uses both, and
+keeps every read inside the checkpoint folder.)
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import pickle
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element  # what DCP's own planner uses
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata
 
 from trainkit.checkpoint._errors import CheckpointError, UnsafeCheckpointError
 
-__all__ = ["SafeLoadPlanner", "SafeReader", "safe_load_metadata"]
+__all__ = ["SafeLoadPlanner", "safe_load_metadata"]
 
 _ALLOWED: frozenset[tuple[str, str]] = frozenset(
     {
@@ -83,19 +83,6 @@ def safe_load_metadata(data: bytes, source: str) -> Metadata:
             f"{source} holds a {type(metadata).__name__}, not checkpoint metadata"
         )
     return metadata
-
-
-class SafeReader(FileSystemReader):
-    """`FileSystemReader` whose ``.metadata`` goes through `safe_load_metadata`."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            metadata = safe_load_metadata(stream.read(), str(path))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -1,25 +1,40 @@
 """`save_checkpoint`: one checkpoint folder, written safely to any `Storage`.
 
-DCP writes the shards on each rank's own machine; the steps that make them a checkpoint
-(hand-over to the storage, manifest written last, ``latest``) are in `_commit`.
+DCP writes the shards on each rank's own machine, checksummed as they are written
+(`_write`); the steps that make them a checkpoint (hand-over to the storage, manifest
+written last, ``latest``) are in `_commit`.
+
+An asynchronous save copies the state into host memory (pinned when CUDA is available) and
+returns; the copy's buffers are kept for the next save of the same `State` (so only the
+first save allocates them), and the write, the upload and the commit run in a background
+thread.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.utils.weak import WeakIdKeyDictionary
 
 from trainkit.checkpoint._commit import TMP_PREFIX, Commit, begin
-from trainkit.checkpoint._common import on_rank0, plain_errors, single_process_is_intended
+from trainkit.checkpoint._common import (
+    on_rank0,
+    plain_error,
+    plain_errors,
+    single_process_is_intended,
+)
 from trainkit.checkpoint._errors import CheckpointError
-from trainkit.checkpoint._manifest import FileEntry, Manifest
+from trainkit.checkpoint._manifest import FileEntry, Manifest, check_checksum
 from trainkit.checkpoint._storage import (
     Storage,
     default_local_dir,
@@ -27,11 +42,50 @@ from trainkit.checkpoint._storage import (
     open_storage,
     split_location,
 )
+from trainkit.checkpoint._write import Cancel, DigestingWriter, save_threads
 from trainkit.core import State, dist
 
-__all__ = ["PendingSave", "required_algorithms", "save_checkpoint", "save_to"]
+__all__ = ["PendingSave", "release_staging", "required_algorithms", "save_checkpoint", "save_to"]
 
 T = TypeVar("T")
+
+
+class _Staging:
+    """Host buffers an asynchronous save copies a `State` into, reused by its next save."""
+
+    def __init__(self) -> None:
+        cuda = torch.cuda.is_available()
+        options = StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+        self.stager = DefaultStager(options)
+        self.in_flight: PendingSave | None = None
+
+
+_staging: WeakIdKeyDictionary = WeakIdKeyDictionary()  # State -> _Staging
+
+
+def _staging_for(state: State) -> _Staging:
+    staging = _staging.get(state)
+    if staging is None:
+        staging = _staging[state] = _Staging()
+    if staging.in_flight is not None:
+        # Its buffers are still being written: copying the state into them now would tear
+        # the checkpoint in flight. (The Checkpointer waits before saving anyway.)
+        staging.in_flight._done.wait()
+    return staging
+
+
+def release_staging(state: State) -> None:
+    """Free the host buffers asynchronous saves of ``state`` kept (after the last save)."""
+    staging = _staging.pop(state, None)
+    if staging is not None:
+        if staging.in_flight is not None:
+            staging.in_flight._done.wait()
+        staging.stager.close()
 
 
 class PendingSave:
@@ -67,6 +121,7 @@ def save_checkpoint(
     layout: dict[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     local_dir: str | os.PathLike[str] | None = None,
+    checksum: str = "xxh3_128",
 ) -> PendingSave:
     """Save ``state`` as the checkpoint folder ``path``. Collective: every rank calls it.
 
@@ -82,6 +137,8 @@ def save_checkpoint(
             ``endpoint_url``, ``region_name``, ...; see `S3Storage`).
         local_dir: for a URL, where shards are written before they are uploaded
             (default: a folder in the system's temporary directory).
+        checksum: how each file's checksum in the manifest is computed, while it is
+            written: ``"xxh3_128"`` (fast; corruption, not tampering) or ``"sha256"``.
 
     Returns:
         A `PendingSave`; its ``wait()`` returns where the checkpoint was published.
@@ -96,6 +153,7 @@ def save_checkpoint(
         async_save=async_save,
         layout=layout,
         local_dir=local_dir,
+        checksum=checksum,
     )
 
 
@@ -109,9 +167,18 @@ def save_to(
     async_save: bool = False,
     layout: dict[str, Any] | None = None,
     local_dir: str | os.PathLike[str] | None = None,
+    checksum: str = "xxh3_128",
+    run_id: str = "",
+    cancel: Cancel | None = None,
 ) -> PendingSave:
-    """Save ``state`` as the folder ``name`` of ``storage`` (see `save_checkpoint`)."""
+    """Save ``state`` as the folder ``name`` of ``storage`` (see `save_checkpoint`).
+
+    ``run_id`` is recorded in the manifest (rotation deletes only its own run's
+    checkpoints); setting ``cancel`` abandons the save before it is published.
+    """
+    check_checksum(checksum)
     rank, world = dist.get_rank(), dist.get_world_size()
+    hosts = dist.all_gather_object(socket.gethostname()) if world > 1 else [""]
     token = on_rank0(lambda: begin(storage, name, overwrite=overwrite))
     staging = storage.local_path(f"{TMP_PREFIX}{name}-{token}") or (
         Path(local_dir or default_local_dir()) / f"{TMP_PREFIX}{name}-{token}-rank{rank}"
@@ -128,42 +195,81 @@ def save_to(
         run_name=state.run_name,
         weights_only=weights_only,
         required_algorithms=required_algorithms(state),
+        run_id=run_id,
     )
-    published = location(storage, name)
-    commit = Commit(storage, name, token, staging, manifest, overwrite=overwrite)
-    pending = PendingSave()
-    writer = FileSystemWriter(staging, sync_files=True)
-    no_dist = not dist.is_initialized()
-
+    threads = save_threads(state_dict, hosts.count(hosts[rank]))
+    job = _Job(
+        published=location(storage, name),
+        commit=Commit(storage, name, token, staging, manifest, overwrite=overwrite),
+        writer=DigestingWriter(staging, checksum=checksum, threads=threads, cancel=cancel),
+        cancel=cancel,
+    )
     if async_save:
+        return job.run_async(state, state_dict)
+    return job.run(state_dict)
+
+
+@dataclass
+class _Job:
+    """The write and the commit of one save, once its folder and manifest are ready."""
+
+    published: Path | str
+    commit: Commit
+    writer: DigestingWriter
+    cancel: Cancel | None
+
+    def _publish(self, listings: list[dict[str, FileEntry]]) -> None:
+        if self.cancel is not None:
+            self.cancel.check(f"the save of {self.published}")
+        metadata = self.writer.entries([".metadata"])[".metadata"]
+        self.commit.publish(_merged(listings), metadata)
+
+    def run(self, state_dict: dict[str, Any]) -> PendingSave:
+        rank, commit = dist.get_rank(), self.commit
+        try:
+            with single_process_is_intended(), plain_errors(f"saving {self.published}"):
+                dcp.save(state_dict, storage_writer=self.writer, no_dist=not dist.is_initialized())
+            listings = _on_every_rank(lambda: commit.hand_over(rank, self.writer.fs.entries))
+            on_rank0(lambda: self._publish(listings))
+        finally:
+            commit.clean_up()
+        pending = PendingSave()
+        pending._finish(self.published)
+        return pending
+
+    def run_async(self, state: State, state_dict: dict[str, Any]) -> PendingSave:
+        rank, world, commit, pending = (
+            dist.get_rank(),
+            dist.get_world_size(),
+            self.commit,
+            PendingSave(),
+        )
+
         # The background part runs without collectives: ranks meet through side files.
         def after_write(future: Future[Any]) -> None:
             try:
                 if (error := future.exception()) is not None:
-                    raise error
-                commit.report(rank, commit.hand_over(rank))
+                    raise plain_error(error, f"saving {self.published}")
+                commit.report(rank, commit.hand_over(rank, self.writer.fs.entries))
                 if rank == 0:
-                    commit.publish(commit.collect(world))
-                pending._finish(published)
+                    self._publish([commit.collect(world)])
+                pending._finish(self.published)
             except BaseException as err:
                 pending._finish(error=err)
             finally:
                 commit.clean_up()
 
-        with single_process_is_intended():
-            future: Future[Any] = dcp.async_save(state_dict, storage_writer=writer, no_dist=no_dist)
+        host = _staging_for(state)
+        with single_process_is_intended(), plain_errors(f"saving {self.published}"):
+            future: Future[Any] = dcp.async_save(
+                state_dict,
+                storage_writer=self.writer,
+                async_stager=host.stager,
+                no_dist=not dist.is_initialized(),
+            )
+        host.in_flight = pending
         future.add_done_callback(after_write)
         return pending
-
-    try:
-        with single_process_is_intended(), plain_errors(f"saving {published}"):
-            dcp.save(state_dict, storage_writer=writer, no_dist=no_dist)
-        listings = _on_every_rank(lambda: commit.hand_over(rank))
-        on_rank0(lambda: commit.publish(_merged(listings)))
-    finally:
-        commit.clean_up()
-    pending._finish(published)
-    return pending
 
 
 def required_algorithms(state: State) -> list[str]:

@@ -7,23 +7,40 @@ remote storage download first. Back ends other than the built-in ones plug in th
 
     [project.entry-points."trainkit.storage"]
     gs = "my_package:GCSStorage"      # called as GCSStorage("gs://bucket/prefix", **options)
+
+A storage never reaches outside its root: `LocalStorage` opens every key one name at a time
+without following links and reads only regular files (`trainkit.checkpoint._confine`);
+`S3Storage` refuses keys with ``.``/``..`` parts and keys outside its prefix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from trainkit.checkpoint._errors import CheckpointError
-from trainkit.checkpoint._manifest import atomic_write_bytes
+from trainkit.checkpoint._confine import atomic_write_below as atomic_write_bytes
+from trainkit.checkpoint._confine import (
+    lexists_below,
+    open_below,
+    read_below,
+    remove_below,
+    split_key,
+)
+from trainkit.checkpoint._errors import CheckpointError, UnsafePathError
 from trainkit.core import plugins
 
 __all__ = [
+    "ConditionalStorage",
     "LocalStorage",
     "Storage",
     "default_local_dir",
@@ -79,8 +96,35 @@ class Storage(Protocol):
         ...
 
 
+@runtime_checkable
+class ConditionalStorage(Storage, Protocol):
+    """A storage that writes a key only if nobody changed it since it was read: what a run
+    needs to hold its folder (see `trainkit.checkpoint.FolderLock`). `LocalStorage` does it
+    under ``flock``, `S3Storage` with conditional requests (``If-None-Match``/``If-Match``).
+    On other storages the lock is best-effort."""
+
+    def read_versioned(self, key: str) -> tuple[bytes, str | None]:
+        """The content of ``key`` and its version for `write_if`; ``(b"", None)`` when it is
+        absent or empty."""
+        ...
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> bool:
+        """Write ``data`` to ``key`` if it is still at ``version`` (None: absent or empty);
+        False, writing nothing, when it changed."""
+        ...
+
+    def delete_if(self, key: str, version: str) -> bool:
+        """Delete ``key`` if it is still at ``version``; False, deleting nothing, otherwise."""
+        ...
+
+
 class LocalStorage:
-    """Checkpoint folders in a folder of the local (or a shared network) file system."""
+    """Checkpoint folders in a folder of the local (or a shared network) file system.
+
+    Keys are opened below the root one name at a time, never through a link, and only
+    regular files are read (`UnsafePathError` naming the path otherwise); links in the
+    root's own path are followed.
+    """
 
     def __init__(self, root: str | os.PathLike[str]):
         if _scheme(root) == "file":
@@ -95,37 +139,158 @@ class LocalStorage:
         return self.root / key if key else self.root
 
     def upload(self, source: Path, key: str) -> None:
+        split_key(key, self.root)
         target = self.local_path(key)
         if target.exists() and os.path.samefile(source, target):
             return  # written in place
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(target, source.read_bytes())
+        atomic_write_bytes(self.root, key, source.read_bytes())
 
     def download(self, key: str, target: Path) -> None:
-        shutil.copyfile(self.local_path(key), target)
+        with (
+            os.fdopen(open_below(self.root, key), "rb") as source,
+            open(target, "wb") as copy,
+        ):
+            shutil.copyfileobj(source, copy, 8 << 20)
 
     def read_bytes(self, key: str) -> bytes:
-        return self.local_path(key).read_bytes()
+        try:
+            return read_below(self.root, key)
+        except NotADirectoryError:
+            raise FileNotFoundError(f"{self.root / key} does not exist") from None
 
     def write_bytes(self, key: str, data: bytes) -> None:
-        path = self.local_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data)
+        atomic_write_bytes(self.root, key, data)
 
     def exists(self, key: str) -> bool:
-        return self.local_path(key).exists()
+        return lexists_below(self.root, key)
 
     def list_folders(self) -> list[str]:
-        if not self.root.is_dir():
+        # Real folders only: a link in the run folder is never taken for a checkpoint, so
+        # neither loading nor rotation ever goes through one.
+        try:
+            entries = list(os.scandir(self.root))
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(child.name for child in self.root.iterdir() if child.is_dir())
+        return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
 
     def delete(self, key: str) -> None:
-        path = self.local_path(key)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        remove_below(self.root, key)
+
+    # --- ConditionalStorage: the folder's lock ---------------------------------------------
+
+    def read_versioned(self, key: str) -> tuple[bytes, str | None]:
+        try:
+            fd = open_below(self.root, key)
+        except (FileNotFoundError, NotADirectoryError):
+            return b"", None
+        try:
+            with _flocked(fd, _SHARED):
+                data = _read_all(fd)
+        finally:
+            os.close(fd)
+        return data, _version(data)
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> bool:
+        with self._locked_file(key, create=True) as (fd, _):
+            if _version(_read_all(fd)) != version:
+                return False
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+            return True
+
+    def delete_if(self, key: str, version: str) -> bool:
+        with self._locked_file(key, create=False) as (fd, path):
+            if fd < 0 or _version(_read_all(fd)) != version:
+                return False
+            os.unlink(path)
+            return True
+
+    @contextlib.contextmanager
+    def _locked_file(self, key: str, *, create: bool) -> Iterator[tuple[int, Path]]:
+        """``key`` (directly under the root) opened and ``flock``-ed; fd -1 when missing."""
+        *folders, name = split_key(key, self.root)
+        if folders:
+            raise ValueError(f"a lock file lies directly under the root, got {key!r}")
+        path = self.root / name
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+            flags |= os.O_CREAT
+        while True:
+            try:
+                fd = os.open(path, flags, 0o644)
+            except FileNotFoundError:
+                yield -1, path
+                return
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    raise UnsafePathError(f"{path} is a symbolic link; not followed") from None
+                raise
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise UnsafePathError(f"{path} is not a regular file; not opened")
+                with _flocked(fd, _EXCLUSIVE):
+                    # Deleted (or replaced) while we waited for the lock: start again on the
+                    # file that now has the name, so that every process locks the same one.
+                    if _same_file(fd, path):
+                        yield fd, path
+                        return
+            finally:
+                os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (named.st_ino, named.st_dev) == (opened.st_ino, opened.st_dev)
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, size, 0) if size else b""
+
+
+def _version(data: bytes) -> str | None:
+    return hashlib.sha256(data).hexdigest() if data else None
+
+
+_warned_flock = False
+_SHARED, _EXCLUSIVE = 1, 2  # fcntl.LOCK_SH, fcntl.LOCK_EX
+
+
+@contextlib.contextmanager
+def _flocked(fd: int, kind: int) -> Iterator[None]:
+    """``flock`` for the moment of a read-check-write (never held longer)."""
+    global _warned_flock
+    try:
+        import fcntl  # POSIX only
+
+        fcntl.flock(fd, kind)
+    except (OSError, ImportError) as err:
+        if isinstance(err, OSError) and err.errno not in (
+            errno.ENOLCK,
+            errno.EOPNOTSUPP,
+            errno.EINVAL,
+            errno.ENOSYS,
+        ):
+            raise
+        if not _warned_flock:  # some network file systems: the lock is then best-effort
+            _warned_flock = True
+            warnings.warn(
+                f"this file system does not support flock ({err}): two runs starting "
+                "at the same moment on one checkpoint folder may both take it",
+                stacklevel=4,
+            )
+        yield
+        return
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def join(*parts: str) -> str:
@@ -189,6 +354,10 @@ def split_location(location: str | os.PathLike[str]) -> tuple[str | os.PathLike[
             raise ValueError(f"{location} names no folder inside a bucket or root; add a prefix")
         return parent, name
     path = Path(location)
+    if path.is_symlink() and path.is_dir():
+        # A folder the caller named through a link of their own: follow that one link.
+        # Names read from a storage (latest, listings) are never followed.
+        path = Path(os.path.realpath(path))
     return path.parent, path.name
 
 

@@ -20,7 +20,8 @@ from trainkit.checkpoint._common import plain_errors, single_process_is_intended
 from trainkit.checkpoint._errors import CheckpointError
 from trainkit.checkpoint._fetch import fetched, read_manifest, resolve
 from trainkit.checkpoint._manifest import Manifest
-from trainkit.checkpoint._safe import SafeLoadPlanner, SafeReader
+from trainkit.checkpoint._read import SafeReader
+from trainkit.checkpoint._safe import SafeLoadPlanner
 from trainkit.checkpoint._storage import Storage, location, open_storage, split_location
 
 __all__ = ["export_checkpoint", "inspect_checkpoint", "verify_checkpoint"]
@@ -44,7 +45,7 @@ def inspect_checkpoint(
     storage, key = _open(path, storage_options)
     manifest = read_manifest(storage, key)
     with fetched(storage, key, files=(".metadata",)) as folder:
-        metadata = SafeReader(folder).read_metadata()
+        metadata = SafeReader(folder, manifest.files).read_metadata()
     model = {
         fqn.removeprefix(_MODEL): {"shape": list(meta.size), "dtype": _dtype(meta.properties.dtype)}
         for fqn, meta in sorted(metadata.state_dict_metadata.items())
@@ -76,15 +77,16 @@ def verify_checkpoint(
     storage_options: Mapping[str, Any] | None = None,
     local_dir: str | os.PathLike[str] | None = None,
 ) -> Manifest:
-    """Check a checkpoint: its manifest, every file's size and sha256, and its ``.metadata``.
+    """Check a checkpoint: its manifest, every file's size and checksum, and its ``.metadata``.
 
     Returns the manifest; raises `CheckpointError` naming the first bad file. A remote
     checkpoint is downloaded into ``local_dir`` (a temporary folder by default) to be checked.
     """
     storage, key = _open(path, storage_options)
     with fetched(storage, key, verify=True, local_dir=local_dir) as folder:
-        SafeReader(folder).read_metadata()  # refuses anything but DCP metadata
-        return Manifest.read(folder)
+        manifest = Manifest.read(folder)
+        SafeReader(folder, manifest.files).read_metadata()  # DCP metadata naming its files only
+        return manifest
 
 
 def export_checkpoint(
@@ -106,7 +108,7 @@ def export_checkpoint(
     storage, key = _open(path, storage_options)
     where = location(storage, key)
     with fetched(storage, key, verify=True, local_dir=local_dir) as folder:
-        reader = SafeReader(folder)
+        reader = SafeReader(folder, Manifest.read(folder).files)
         tensors = _empty_model_tensors(reader.read_metadata(), where)
         with single_process_is_intended(), plain_errors(f"exporting {where}"):
             dcp.load(tensors, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
