@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from multirank import run_ranks
 from toy import blobs, flat_params, mlp
-from trainkit.core import Callback, DataSpec, Trainer
+from trainkit.core import Callback, DataSpec, SingleProcess, Trainer
 from trainkit.core.data import DataPosition, LoaderState, ReplayPosition, SamplerPosition
 
 
@@ -65,6 +65,9 @@ def _trainer(data, *callbacks, max_duration="3ep"):
         progress_bar=False,
         device="cpu",
         seed=5,
+        # Core alone (no trainkit-parallel): each rank trains its replica; positions are
+        # what these tests check.
+        parallelism=SingleProcess(),
     )
 
 

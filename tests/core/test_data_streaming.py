@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from multirank import run_ranks
 from toy import flat_params
-from trainkit.core import Callback, Trainer, TrainModel
+from trainkit.core import Callback, SingleProcess, Trainer, TrainModel
 from trainkit.core.data import StreamingPosition, streaming_loader, write_mds
 
 
@@ -63,7 +63,8 @@ def _trainer(loader, seen, max_duration="2ep"):
     model = IndexedModel()
     return Trainer(model=model, train_dataloader=loader, callbacks=[seen],
                    optimizers=torch.optim.AdamW(model.parameters(), lr=0.01),
-                   max_duration=max_duration, progress_bar=False, device="cpu", seed=3)  # fmt: skip
+                   max_duration=max_duration, progress_bar=False, device="cpu", seed=3,
+                   parallelism=SingleProcess())  # core alone: no trainkit-parallel  # fmt: skip
 
 
 @pytest.fixture

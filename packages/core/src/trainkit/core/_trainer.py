@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,16 +12,16 @@ import torch
 from torch import nn
 
 from trainkit.core import _setup as setup
-from trainkit.core import dist, plugins
+from trainkit.core import dist
 from trainkit.core._callback import Algorithm
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._interval import IntervalTrigger, interval_trigger
 from trainkit.core._logger import Logger, LoggerDestination
 from trainkit.core._loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
-from trainkit.core._parallel import ParallelStrategy, SingleProcess
+from trainkit.core._parallel import ParallelStrategy
+from trainkit.core._placement import join_process_group, resolve_parallelism
 from trainkit.core._precision import (
-    Device,
     Precision,
     check_device,
     check_precision,
@@ -192,9 +191,9 @@ class Trainer(Configurable, config=TrainerConfig):
         config = self.config
         model = config.model
         setup.check_model(model)
-        _join_process_group(config)  # before the seed is agreed and the device picked
+        join_process_group(config.parallelism, config.device)  # before seed and device
         setup.set_python_log_level(config.python_log_level)
-        parallelism = _resolve_parallelism(config.parallelism, model)
+        parallelism = resolve_parallelism(config.parallelism, model)
         device = resolve_device(config.device, dist.get_local_rank())
         precision = make_precision(config.precision, device)
         train_data = (
@@ -459,65 +458,6 @@ def _check_max_duration(max_duration: Time | str | int | None) -> Time | None:
     if duration.unit == TimeUnit.ITERATION:
         Timestamp().get(duration.unit)  # raises: trainkit does not count iterations (says why)
     return duration
-
-
-def _join_process_group(config: TrainerConfig) -> None:
-    """Start the process group when the run needs one and none exists, as Composer does:
-    under a multi-rank launcher (torchrun's ``WORLD_SIZE`` > 1) every rank joins the job's
-    group; alone, a strategy that ``needs_process_group`` (FSDP on one device) gets a
-    one-rank group. gloo for a CPU run, else NCCL when CUDA is there."""
-    if dist.is_initialized():
-        return
-    launched = dist._launched_world_size() > 1
-    strategy = config.parallelism
-    if not launched and not getattr(strategy, "needs_process_group", False):
-        return
-    device = config.device
-    cpu = check_device(device) == Device.CPU or (
-        isinstance(device, torch.device) and device.type == "cpu"
-    )
-    dist.init_distributed(backend="gloo" if cpu else "auto", single_process=not launched)
-    if not launched:
-        log.info("started a one-rank process group for %s", type(strategy).__name__)
-
-
-def _resolve_parallelism(given: ParallelStrategy | None, model: nn.Module) -> ParallelStrategy:
-    """The strategy to train with: DDP by default at world size > 1, so that ranks never
-    train diverging replicas without being asked to."""
-    world_size = dist.get_world_size()
-    if world_size == 1 or _distributed_by_user(model):
-        return given if given is not None else SingleProcess()
-    if given is None:
-        if "ddp" not in plugins.available("trainkit.parallel"):
-            raise ImportError(
-                f"this run has {world_size} ranks and no parallelism= was given: the default is "
-                "data parallelism (DDP), which comes with trainkit-parallel, and it is not "
-                "installed. Install it (`pip install trainkit-parallel`), or pass a strategy: "
-                "parallelism=SingleProcess() trains an independent replica on each rank, on "
-                "purpose"
-            )
-        return plugins.load("trainkit.parallel", "ddp")()
-    if type(given) is SingleProcess:
-        warnings.warn(
-            f"parallelism=SingleProcess() with {world_size} ranks: each rank trains its own "
-            "replica, gradients are not averaged and the ranks' weights will differ. Leave "
-            "parallelism unset for data parallelism (DDP) if you want one model",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return given
-
-
-def _distributed_by_user(model: nn.Module) -> bool:
-    """Whether the model synchronises across ranks itself (wrapped or sharded before the
-    Trainer: DDP, FSDP, DTensor parameters), so no strategy must be added to it."""
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    from torch.distributed.tensor import DTensor
-
-    wrappers = (nn.parallel.DistributedDataParallel, FullyShardedDataParallel, FSDPModule)
-    return any(isinstance(m, wrappers) for m in model.modules()) or any(
-        isinstance(p, DTensor) for p in model.parameters()
-    )
 
 
 def _set_deterministic(device: torch.device) -> None:
