@@ -28,6 +28,7 @@ __all__ = [
     "RequiredEvents",
     "Stateful",
     "call_close",
+    "call_post_close",
 ]
 
 Order = Literal["first", "default", "last"]
@@ -265,6 +266,13 @@ def call_close(obj: object, state: State | None, logger: Logger | None) -> bool:
     else:
         close()
     return True
+
+
+def call_post_close(obj: object) -> None:
+    """Call ``obj.post_close()`` where it has one (duck-typed callbacks may not)."""
+    post_close = getattr(obj, "post_close", None)
+    if callable(post_close):
+        post_close()
 
 
 @functools.cache

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainkit.core._callback import ORDERS, Algorithm, call_close, overrides
+from trainkit.core._callback import ORDERS, Algorithm, call_close, call_post_close, overrides
 from trainkit.core._checks import check_algorithm, check_listener, declared_required_events
 from trainkit.core._event import Event
 
@@ -235,10 +235,8 @@ class Engine:
             except Exception as err:
                 errors.append((component, "close", err))
         for component in closed:
-            post_close = getattr(component, "post_close", None)
             try:
-                if callable(post_close):
-                    post_close()
+                call_post_close(component)
             except Exception as err:
                 errors.append((component, "post_close", err))
         raised = []
