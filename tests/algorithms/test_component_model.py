@@ -290,6 +290,7 @@ SURGERY = {
     "blurpool": (_cnn, {}),
     "channels_last": (_cnn, {}),
     "factorize": (_cnn, {"min_channels": 16, "latent_channels": 4}),
+    "float8_training": (_cnn, {}),
     "gated_linear_units": (_bert, {}),
     "ghost_batchnorm": (_cnn, {}),
     "low_precision_groupnorm": (_cnn, {"dtype": "bfloat16"}),

@@ -101,8 +101,12 @@ def test_unknown_precision(precision):
         trainer(precision=precision)
 
 
-def test_composer_amp_fp8_says_it_is_not_supported_yet():
-    with pytest.raises(ValueError, match=r"'amp_fp8' \(Composer's fp8 .*\) is not supported yet"):
+def test_composer_amp_fp8_points_to_float8_training_under_bf16():
+    with pytest.raises(
+        ValueError,
+        match=r"'amp_fp8' is not a precision in trainkit: .* use precision='amp_bf16' with "
+        r"algorithms=\[Float8Training\(\)\] .*trainkit-algorithms\[fp8\]",
+    ):
         trainer(precision="amp_fp8")
 
 

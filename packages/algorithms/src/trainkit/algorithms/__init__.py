@@ -87,6 +87,13 @@ if TYPE_CHECKING:
         apply_factorize,
         low_rank_factors,
     )
+    from trainkit.algorithms.float8_training import (
+        Float8Training,
+        Float8TrainingConfig,
+        apply_float8_training,
+        check_float8_device,
+        float8_eligible,
+    )
     from trainkit.algorithms.gated_linear_units import (
         GatedIntermediate,
         GatedLinearUnits,
@@ -227,6 +234,8 @@ __all__ = [
     "FactorizeConfig",
     "FactorizedConv2d",
     "FactorizedLinear",
+    "Float8Training",
+    "Float8TrainingConfig",
     "GatedIntermediate",
     "GatedLinearUnits",
     "GatedLinearUnitsConfig",
@@ -277,6 +286,7 @@ __all__ = [
     "apply_blurpool",
     "apply_channels_last",
     "apply_factorize",
+    "apply_float8_training",
     "apply_gated_linear_units",
     "apply_ghost_batchnorm",
     "apply_gradient_clipping",
@@ -288,11 +298,13 @@ __all__ = [
     "augmix_batch",
     "augmix_image",
     "blur_2d",
+    "check_float8_device",
     "check_surgery_allowed",
     "colout_batch",
     "compute_ema",
     "cutmix_batch",
     "cutout_batch",
+    "float8_eligible",
     "freeze_layers",
     "frozen_fraction",
     "low_rank_factors",
@@ -355,6 +367,13 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "FactorizedConv2d",
         "FactorizedLinear",
         "low_rank_factors",
+    ),
+    "float8_training": (
+        "apply_float8_training",
+        "check_float8_device",
+        "Float8Training",
+        "Float8TrainingConfig",
+        "float8_eligible",
     ),
     "gated_linear_units": (
         "apply_gated_linear_units",

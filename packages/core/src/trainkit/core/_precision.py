@@ -171,8 +171,11 @@ def check_precision(value: Precision | str | None) -> str:
     name = "fp32" if value is None else value
     if name == "amp_fp8":
         raise ValueError(
-            "precision 'amp_fp8' (Composer's fp8 through TransformerEngine) is not supported "
-            f"yet; use 'amp_bf16' (accepted: {', '.join(map(repr, PRECISIONS))})"
+            "precision 'amp_fp8' is not a precision in trainkit: fp8 training is the "
+            "Float8Training algorithm (torchao's float8 linears, GPUs of SM 8.9+) under bf16 "
+            "autocast; use precision='amp_bf16' with algorithms=[Float8Training()] (from "
+            'trainkit.algorithms; pip install "trainkit-algorithms[fp8]"); accepted '
+            f"precisions: {', '.join(map(repr, PRECISIONS))}"
         )
     if name not in PRECISIONS:
         raise ValueError(

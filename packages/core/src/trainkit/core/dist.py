@@ -116,9 +116,10 @@ def init_distributed(
 
     Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set) every
     rank joins the job's group; on CUDA the rank also selects GPU ``LOCAL_RANK``. Without
-    torchrun's variables, a one-rank group is started on a free local port when
-    ``single_process`` (parallel strategies need a group even alone: FSDP at world size 1),
-    else nothing is started. Call it before the `Trainer`: the Trainer agrees on a seed and
+    torchrun's variables, a one-rank group is started when ``single_process`` (parallel
+    strategies need a group even alone: FSDP at world size 1), on a TCPStore this process
+    hosts on a port the OS picks (port 0, so no free-port guess can race); else nothing is
+    started. Call it before the `Trainer`: the Trainer agrees on a seed and
     picks each rank's device when built. This is the one place trainkit reads the
     environment (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
     ``MASTER_PORT``); the CLI and trainkit-parallel call it.

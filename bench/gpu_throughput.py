@@ -1,0 +1,410 @@
+"""Tokens/s, MFU and peak memory of the trainkit Trainer against hand-written loops, in one run.
+
+Every variant trains the same GPT-2 (built from a config, no download) on the same random
+tokens, with the same batch, sequence length, precision (bf16 autocast on CUDA) and AdamW
+(fused on CUDA), each in its own fresh process so its memory peak is its own:
+
+    eager            hand-written loop
+    trainer          trainkit Trainer + HuggingFaceModel
+    compile          hand-written loop on torch.compile(model)
+    trainer_compile  Trainer(compile=True)
+    fsdp             hand-written FSDP2: fully_shard per block, then the root; one rank
+                     (NCCL on CUDA, gloo on CPU), MixedPrecisionPolicy(bf16, reduce fp32)
+    trainer_fsdp     Trainer(parallelism=FSDP()) on the same one-rank group
+    lightning        Lightning (lightning or pytorch_lightning), when importable
+
+Timing starts after ``--warmup`` steps (compilation included there) and covers ``--steps``
+steps, synchronised on the device at both ends. MFU is ``6 * N * tokens/s`` over the
+device's dense bf16 peak (a table for H100/H200/A100, or ``--peak-tflops``), with N the
+parameters that do matmuls per token (all but the position embeddings; the tied
+embedding counts once, as the output head). Peak memory is
+``torch.cuda.max_memory_allocated`` over the whole run of the variant.
+
+    uv run python bench/gpu_throughput.py                          # GPT-2 small, seq 1024, batch 16
+    uv run python bench/gpu_throughput.py --seq 512 --batch 8 --variants eager,trainer
+    uv run python bench/gpu_throughput.py --tiny                   # CPU smoke run (~2-3 min)
+
+Targets (issue 14): Trainer >= 0.99 of eager, >= 0.98 of compiled, FSDP >= 0.99 of FSDP2 by
+hand, and peak memory <= the hand-written loop's + 1%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+VARIANTS = ("eager", "trainer", "compile", "trainer_compile", "fsdp", "trainer_fsdp", "lightning")
+BASELINE = {"trainer": "eager", "trainer_compile": "compile", "trainer_fsdp": "fsdp"}
+SPEED_TARGET = {"trainer": 0.99, "trainer_compile": 0.98, "trainer_fsdp": 0.99}
+MEMORY_TARGET = 1.01
+# Dense bf16 tensor-core peaks (no sparsity), FLOP/s, matched on torch.cuda.get_device_name.
+PEAK_BF16 = (
+    ("H200", 989.4e12),
+    ("H100 PCIe", 756.0e12),
+    ("H100 NVL", 835.0e12),
+    ("H100", 989.4e12),
+    ("A100", 312.0e12),
+)
+RESULT = "RESULT "
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny GPT-2, few steps: CPU smoke run")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (1024; tiny: 32)")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (16; tiny: 4)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (30; tiny: 4)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (5; tiny 2)")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {VARIANTS}"
+    )
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument(
+        "--precision", default=None, choices=("amp_bf16", "fp32"), help="amp_bf16 on CUDA"
+    )
+    parser.add_argument("--peak-tflops", type=float, default=None, help="the device's bf16 peak")
+    parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    preset = {"seq": 32, "batch": 4, "steps": 4, "warmup": 2} if args.tiny else {}
+    preset = {"seq": 1024, "batch": 16, "steps": 30, "warmup": 5, **preset}
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {VARIANTS}")
+    return args
+
+
+# --- one variant, in its own process -------------------------------------------------------
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """(device, model, the batches' DataLoader, the autocast dtype or None)."""
+    import torch
+    from torch.utils.data import DataLoader
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    precision = args.precision or ("amp_bf16" if cuda else "fp32")
+    if args.tiny:
+        size = {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 256}
+        size |= {"bos_token_id": 255, "eos_token_id": 255}
+    else:
+        size = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257}
+    config = GPT2Config(n_positions=args.seq, **size)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    generator = torch.Generator().manual_seed(0)
+    count = args.batch * (args.warmup + args.steps)
+    tokens = torch.randint(0, config.vocab_size, (count, args.seq), generator=generator)
+    samples = [{"input_ids": row, "labels": row} for row in tokens]
+    loader = DataLoader(samples, batch_size=args.batch, pin_memory=cuda)
+    dtype = torch.bfloat16 if precision == "amp_bf16" else None
+    return device, model, loader, dtype
+
+
+def matmul_parameters(model: Any) -> int:
+    position = model.transformer.wpe.weight
+    return sum(p.numel() for p in model.parameters() if p is not position)
+
+
+class Clock:
+    """Wall time from the end of step ``warmup`` to the end of the last step, synchronised."""
+
+    def __init__(self, device: Any, warmup: int):
+        self.device, self.warmup, self.steps, self.started, self.ended = device, warmup, 0, 0.0, 0.0
+
+    def step_done(self) -> None:
+        import torch
+
+        self.steps += 1
+        if self.steps == self.warmup:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.started = time.perf_counter()
+
+    def stop(self) -> float:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.ended = time.perf_counter()
+        return self.ended - self.started
+
+
+def make_optimizer(model: Any, device: Any) -> Any:
+    import torch
+
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+
+
+def start_one_rank_group(device: Any) -> None:
+    """A one-rank group on a store the OS gives a port (bound here, so nothing can race)."""
+    import torch
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+
+
+def hand_written(args: argparse.Namespace, variant: str) -> tuple[float, float, Any]:
+    import contextlib
+
+    import torch
+
+    device, model, loader, dtype = build(args)
+    model.to(device)
+    if variant == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        start_one_rank_group(device)
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for block in model.transformer.h:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    optimizer = make_optimizer(model, device)
+    forward = torch.compile(model) if variant == "compile" else model
+    autocast = (
+        torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    )
+    clock = Clock(device, args.warmup)
+    loss = None
+    for batch in loader:
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with autocast:
+            loss = forward(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.step_done()
+    return clock.stop(), float(loss), model
+
+
+def with_trainer(args: argparse.Namespace, variant: str) -> tuple[float, float, Any]:
+    from trainkit.core import Callback, HuggingFaceModel, Trainer
+
+    device, model, loader, dtype = build(args)
+    clock = Clock(device, args.warmup)
+    losses: list[float] = []
+
+    class Timing(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            clock.step_done()
+            if clock.steps == args.warmup + args.steps:
+                losses.append(float(state.loss))
+
+    options: dict[str, Any] = {}
+    if variant == "trainer_compile":
+        options["compile"] = True
+    if variant == "trainer_fsdp":
+        from trainkit.core.dist import init_distributed
+        from trainkit.parallel import FSDP
+
+        init_distributed(backend="nccl" if device.type == "cuda" else "gloo", env={})
+        options["parallelism"] = FSDP()
+    trainer = Trainer(
+        model=HuggingFaceModel(model),
+        optimizers=make_optimizer(model, device),
+        train_dataloader=loader,
+        max_duration=f"{args.warmup + args.steps}ba",
+        precision="amp_bf16" if dtype is not None else "fp32",
+        device=device.type,
+        callbacks=[Timing()],
+        progress_bar=False,
+        seed=0,
+        **options,
+    )
+    trainer.fit()
+    seconds = clock.stop()
+    return seconds, losses[-1], model
+
+
+def with_lightning(args: argparse.Namespace, variant: str) -> tuple[float, float, Any]:
+    try:
+        import lightning as L
+    except ImportError:
+        import pytorch_lightning as L
+
+    device, model, loader, dtype = build(args)
+    clock = Clock(device, args.warmup)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.last = 0.0
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            loss = self.model(**batch).loss
+            self.last = loss.detach()
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return make_optimizer(self.model, device)
+
+    class Timing(L.Callback):
+        def on_train_batch_end(self, *unused: Any) -> None:
+            clock.step_done()
+
+    module = Module()
+    trainer = L.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        max_steps=args.warmup + args.steps,
+        precision="bf16-mixed" if dtype is not None else "32-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Timing()],
+    )
+    trainer.fit(module, loader)
+    return clock.stop(), float(module.last), model
+
+
+def run_worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    variant = args.worker
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if not cuda:
+        torch.set_num_threads(1)  # CPU figures from a shared machine: at least no oversubscription
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    if variant == "lightning":
+        seconds, loss, model = with_lightning(args, variant)
+    elif variant.startswith("trainer"):
+        seconds, loss, model = with_trainer(args, variant)
+    else:
+        seconds, loss, model = hand_written(args, variant)
+    result = {
+        "variant": variant,
+        "tokens_per_s": args.batch * args.seq * args.steps / seconds,
+        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        "loss": loss,
+        "params": matmul_parameters(model),
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+    }
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return result
+
+
+# --- the parent: one fresh process per variant ----------------------------------------------
+
+
+def measure(args: argparse.Namespace, variant: str, argv: list[str]) -> dict[str, Any]:
+    if variant == "lightning" and not any(
+        _importable(name) for name in ("lightning", "pytorch_lightning")
+    ):
+        return {"variant": variant, "error": "not installed"}
+    command = [sys.executable, os.path.abspath(__file__), *argv, "--worker", variant]
+    done = subprocess.run(command, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT) :])
+    tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+    return {"variant": variant, "error": f"exit {done.returncode}: {tail[0][:200]}"}
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The options a worker process needs to build the same model, data and precision."""
+    argv = ["--seq", str(args.seq), "--batch", str(args.batch), "--steps", str(args.steps)]
+    argv += ["--warmup", str(args.warmup), "--device", args.device]
+    if args.tiny:
+        argv.append("--tiny")
+    if args.precision:
+        argv += ["--precision", args.precision]
+    return argv
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def peak_flops(device_name: str, given_tflops: float | None) -> float | None:
+    """The dense bf16 peak of ``device_name`` in FLOP/s (``given_tflops`` wins)."""
+    if given_tflops is not None:
+        return given_tflops * 1e12
+    for key, flops in PEAK_BF16:
+        if key in device_name:
+            return flops
+    return None
+
+
+def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]:
+    """Print the table, the ratios and the summary line; returns the missed targets."""
+    ok = {r["variant"]: r for r in results if "error" not in r}
+    device = next((r["device"] for r in ok.values()), "?")
+    peak = peak_flops(device, args.peak_tflops)
+    print(f"device {device}; seq {args.seq}, batch {args.batch}, {args.steps} timed steps")
+    print(f"{'variant':16s} {'tokens/s':>11s} {'MFU':>6s} {'peak GB':>8s} {'loss':>7s}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['variant']:16s} skipped: {r['error']}")
+            continue
+        mfu = f"{6 * r['params'] * r['tokens_per_s'] / peak:6.1%}" if peak else "   n/a"
+        memory = f"{r['peak_bytes'] / 1e9:8.2f}" if r["peak_bytes"] is not None else "     n/a"
+        print(f"{r['variant']:16s} {r['tokens_per_s']:11.1f} {mfu} {memory} {r['loss']:7.3f}")
+    missed, figures = [], []
+    for variant, baseline in BASELINE.items():
+        if variant not in ok or baseline not in ok:
+            continue
+        speed = ok[variant]["tokens_per_s"] / ok[baseline]["tokens_per_s"]
+        line = f"{variant}/{baseline}: tokens/s {speed:.3f} (>= {SPEED_TARGET[variant]})"
+        figures.append(f"{variant} {speed:.3f}")
+        if speed < SPEED_TARGET[variant]:
+            missed.append(f"{variant} speed {speed:.3f}")
+        mine, theirs = ok[variant]["peak_bytes"], ok[baseline]["peak_bytes"]
+        if mine is not None and theirs:
+            memory = mine / theirs
+            line += f", peak memory {memory:.4f} (<= {MEMORY_TARGET})"
+            figures.append(f"{variant} memory {memory:.4f}")
+            if memory > MEMORY_TARGET:
+                missed.append(f"{variant} memory {memory:.4f}")
+        print(line)
+    if "lightning" in ok and "eager" in ok:
+        speed = ok["lightning"]["tokens_per_s"] / ok["eager"]["tokens_per_s"]
+        print(f"lightning/eager: tokens/s {speed:.3f} (for reference)")
+    verdict = "all targets met" if not missed else "missed: " + ", ".join(missed)
+    if device == "cpu":
+        verdict += " (CPU: a smoke run, not the GPU targets)"
+    print(f"summary: {'; '.join(figures) or 'no pairs measured'}; {verdict}")
+    return missed
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.worker:
+        print(RESULT + json.dumps(run_worker(args)), flush=True)
+        return 0
+    results = []
+    for variant in args.variants:
+        result = measure(args, variant, worker_argv(args))
+        done = result.get("error") or f"{result['tokens_per_s']:.1f} tokens/s"
+        print(f"  {variant}: {done}", flush=True)
+        results.append(result)
+    report(args, results)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"args": vars(args), "results": results}, file, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
