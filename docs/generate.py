@@ -57,11 +57,12 @@ def trainer_config() -> str:
     lines = ["| field | kind | default | meaning |", "|---|---|---|---|"]
     for field in dataclasses.fields(TrainerConfig):
         kind = f"slot (`{slot_group(field)}`)" if is_slot(field) else "setting"
-        default = (
-            "required"
-            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-            else repr(field.default)
-        )
+        if field.default is not dataclasses.MISSING:
+            default = repr(field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            default = repr(field.default_factory())
+        else:
+            default = "required"
         lines.append(
             f"| `{field.name}` | {kind} | `{default}` | {_cell(_first_line(docs[field.name]))} |"
         )

@@ -1,4 +1,5 @@
-"""Fixtures of the checkpoint tests: a local S3 server, and an FSDP2-sharded run."""
+"""Fixtures of the checkpoint tests: a local S3 server, storages by URL (S3 and fsspec's
+in-memory and local file systems) for the shared storage tests, and an FSDP2-sharded run."""
 
 from __future__ import annotations
 
@@ -67,6 +68,97 @@ def s3(s3_server, monkeypatch):
         client=client,
         objects=objects,
     )
+
+
+def _fsspec_store(url):
+    """``url``'s fsspec storage as the tests see it (see `remote`)."""
+    from trainkit.checkpoint._fsspec import fsspec_storage
+
+    storage = fsspec_storage(url)
+    fs, root = storage.fs, storage.root
+
+    def objects(prefix=""):
+        found = (path[len(root) + 1 :] for path in fs.find(root))
+        return sorted(key for key in found if key.startswith(prefix))
+
+    return SimpleNamespace(
+        url=url,
+        options=None,
+        objects=objects,
+        read=lambda key: fs.cat_file(f"{root}/{key}"),
+        write=lambda key, data: fs.pipe_file(f"{root}/{key}", data),
+        storage=storage,
+    )
+
+
+def _s3_store(s3):
+    def read(key):
+        return s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+
+    def write(key, data):
+        s3.client.put_object(Bucket=s3.bucket, Key=key, Body=data)
+
+    return SimpleNamespace(url=s3.url, options=s3.options, objects=s3.objects, read=read,
+                           write=write, storage=None)  # fmt: skip
+
+
+def _local_store(folder):
+    def objects(prefix=""):
+        found = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        return sorted(key for key in found if key.startswith(prefix))
+
+    return SimpleNamespace(
+        url=str(folder),
+        options=None,
+        objects=objects,
+        read=lambda key: (folder / key).read_bytes(),
+        write=lambda key, data: (folder / key).write_bytes(data),
+        storage=None,
+    )
+
+
+def _store(request):
+    if request.param == "local":
+        return _local_store(request.getfixturevalue("tmp_path_factory").mktemp("store"))
+    if request.param == "s3":
+        return _s3_store(request.getfixturevalue("s3"))
+    if request.param == "fsspec-memory":
+        url = f"memory://ckpt-{uuid.uuid4().hex[:12]}"
+        store = _fsspec_store(url)
+        fs, root = store.storage.fs, store.storage.root
+        request.addfinalizer(lambda: fs.exists(root) and fs.rm(root, recursive=True))
+        return store
+    assert request.param == "fsspec-file", request.param
+    folder = request.getfixturevalue("tmp_path_factory").mktemp("store")  # not in tmp_path
+    return _fsspec_store(f"fsspec+file://{folder}")
+
+
+@pytest.fixture(params=["s3", "fsspec-memory", "fsspec-file"])
+def remote(request):
+    """A storage reached by URL that the shared storage tests run on: S3 (moto), and
+    `FsspecStorage` on fsspec's in-memory and local file systems. ``url`` (the root),
+    ``options`` (storage_options), ``objects(prefix)`` (every key under the root, sorted),
+    ``read(key)`` and ``write(key, data)`` behind the storage's back."""
+    return _store(request)
+
+
+@pytest.fixture(params=["local", "s3", "fsspec-memory", "fsspec-file"])
+def store(request):
+    """`remote`, and a local folder (``url`` its path): every kind of storage."""
+    return _store(request)
+
+
+@pytest.fixture(params=["local", "s3", "fsspec-file"])
+def shared_store(request):
+    """`store` without ``memory://``, for tests that fork (see `shared_remote`)."""
+    return _store(request)
+
+
+@pytest.fixture(params=["s3", "fsspec-file"])
+def shared_remote(request):
+    """`remote`, for tests that fork (a killed run, several ranks): ``memory://`` lives in one
+    process, so only the storages other processes see."""
+    return _store(request)
 
 
 @pytest.fixture(scope="session")

@@ -26,59 +26,78 @@ def uninterrupted():
     return flat_params(run.state.model)
 
 
+def _names(store, folder=""):
+    """The checkpoints in ``store``'s ``folder``, newest first."""
+    url = f"{store.url}/{folder}" if folder else store.url
+    return [str(p).rsplit("/", 1)[1] for p in list_checkpoints(url, storage_options=store.options)]
+
+
+# The same tests on every kind of storage: a local folder, S3, and fsspec's local and
+# in-memory file systems (the `store` fixtures in conftest.py); memory:// lives in one
+# process, so the tests that fork leave it out (`shared_store`).
+
+
 @pytest.mark.parametrize("async_save", [False, True])
-def test_resume_after_kill_9_is_bitwise_equal(tmp_path, async_save):
+def test_resume_after_kill_9_is_bitwise_equal(shared_store, tmp_path, async_save):
+    store = shared_store
+    options = dict(interval="4ba", autoresume=True, async_save=async_save,
+                   storage_options=store.options, local_dir=tmp_path)  # fmt: skip
+
     def crashing_run():
-        trainer(
-            tmp_path, interval="4ba", autoresume=True, async_save=async_save, callbacks=[KillAt(14)]
-        ).fit()
+        trainer(store.url, callbacks=[KillAt(14)], **options).fit()
 
     assert in_child(crashing_run) == -9
-    names = [p.name for p in list_checkpoints(tmp_path)]
+    names = _names(store)
     if async_save and names[0] != "ep1-ba12":
         # Killed while batch 12's write was still in the background: it was never
         # published, and the run resumes from the checkpoint before it.
-        assert not (tmp_path / "ep1-ba12").exists()
+        assert not store.objects("ep1-ba12/trainkit-manifest.json")
         names.insert(0, "ep1-ba12")
+        published = False
+    else:
+        published = True
     assert names == ["ep1-ba12", "ep0-ba8", "ep0-ba4"]
 
-    resumed = trainer(tmp_path, interval="4ba", autoresume=True, async_save=async_save)
-    assert resumed.state.timestamp.batch == (12 if (tmp_path / "ep1-ba12").exists() else 8)
+    resumed = trainer(store.url, **options)
+    assert resumed.state.timestamp.batch == (12 if published else 8)
     resumed.fit()
     assert torch.equal(flat_params(resumed.state.model), uninterrupted())
-    assert (tmp_path / "latest").read_text().strip() == "ep3-ba24"
+    assert store.read("latest").decode().strip() == "ep3-ba24"
+    assert not [key for key in store.objects() if key.endswith(".incomplete")]  # cleared
 
 
-def test_autoresume_with_an_empty_folder_starts_fresh(tmp_path):
-    run = trainer(tmp_path / "new", autoresume=True)
+def test_autoresume_with_an_empty_folder_starts_fresh(store):
+    run = trainer(f"{store.url}/new", autoresume=True, storage_options=store.options)
     assert run.state.timestamp.batch == 0
     run.fit()
-    assert (tmp_path / "new" / "latest").is_file()
+    assert store.read("new/latest") == b"ep3-ba24\n"
 
 
-def test_interval_and_final_save_and_manifest(tmp_path):
-    trainer(tmp_path, interval="1ep", max_duration="20ba").fit()
-    names = sorted(p.name for p in list_checkpoints(tmp_path))
-    assert names == ["ep1-ba8", "ep2-ba16", "ep2-ba20"]  # every epoch, and the end of fit
-    manifest = json.loads((tmp_path / "ep2-ba20" / "trainkit-manifest.json").read_text())
+def test_interval_and_final_save_and_manifest(store):
+    trainer(store.url, interval="1ep", max_duration="20ba", storage_options=store.options).fit()
+    assert sorted(_names(store)) == ["ep1-ba8", "ep2-ba16", "ep2-ba20"]  # every epoch, and the end
+    manifest = json.loads(store.read("ep2-ba20/trainkit-manifest.json"))
     assert manifest["timestamp"]["batch"] == 20
     assert manifest["world_size"] == 1
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp"}
     for name, entry in manifest["files"].items():
-        assert (tmp_path / "ep2-ba20" / name).stat().st_size == entry["size"]
+        assert len(store.read(f"ep2-ba20/{name}")) == entry["size"]
         assert len(entry["xxh3_128"]) == 32  # the default checksum, 128 bits
 
 
-def test_keep_rotates_but_never_the_newest(tmp_path):
-    trainer(tmp_path, interval="2ba", keep=2, max_duration="10ba").fit()
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["ep1-ba10", "ep0-ba8"]
-    assert (tmp_path / "latest").read_text().strip() == "ep1-ba10"
+def test_keep_rotates_but_never_the_newest(store):
+    trainer(store.url, interval="2ba", keep=2, max_duration="10ba",
+            storage_options=store.options).fit()  # fmt: skip
+    assert _names(store) == ["ep1-ba10", "ep0-ba8"]
+    assert store.read("latest") == b"ep1-ba10\n"
+    assert {key.split("/")[0] for key in store.objects()} == {"ep1-ba10", "ep0-ba8", "latest"}
 
 
-def test_load_path_latest_and_weights_only(tmp_path):
-    source = trainer(tmp_path, max_duration="5ba")
+def test_load_path_latest_and_weights_only(store):
+    source = trainer(store.url, max_duration="5ba", storage_options=store.options)
     source.fit()
-    finetune = trainer(tmp_path, load_path="latest", load_weights_only=True)
+    finetune = trainer(store.url, load_path="latest", load_weights_only=True,
+                       storage_options=store.options)  # fmt: skip
     assert torch.equal(flat_params(finetune.state.model), flat_params(source.state.model))
     assert finetune.state.timestamp.batch == 0  # only the weights came along
     assert finetune.state.optimizers[0].state == {} or all(
@@ -86,10 +105,11 @@ def test_load_path_latest_and_weights_only(tmp_path):
     )
 
 
-def test_callable_interval(tmp_path):
+def test_callable_interval(store):
     every_third = lambda state, event: state.timestamp.batch % 3 == 0  # noqa: E731
-    trainer(tmp_path, interval=every_third, max_duration="7ba").fit()
-    assert sorted(p.name for p in list_checkpoints(tmp_path)) == ["ep0-ba3", "ep0-ba6", "ep0-ba7"]
+    trainer(store.url, interval=every_third, max_duration="7ba",
+            storage_options=store.options).fit()  # fmt: skip
+    assert sorted(_names(store)) == ["ep0-ba3", "ep0-ba6", "ep0-ba7"]
 
 
 @pytest.mark.parametrize(

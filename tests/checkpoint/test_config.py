@@ -40,6 +40,12 @@ EXAMPLES = {
     "lock": False,
     "lock_wait": 30.0,
     "lease": 120.0,
+    # ExportOnFitEnd
+    "formats": ["onnx", "hf"],
+    "filename": "final",
+    "seq_len": 16,
+    "batch_size": 4,
+    "merge_adapter": True,
 }
 """A valid value, other than the default, for each field a config file may set."""
 
@@ -50,7 +56,7 @@ def required(tmp_path):
 
 
 def test_the_package_registers_its_callbacks():
-    assert NAMES == ["checkpointer"]
+    assert NAMES == ["checkpointer", "export_on_fit_end"]
 
 
 @pytest.mark.parametrize(("name", "cls"), CALLBACKS, ids=NAMES)

@@ -2,9 +2,11 @@
 
 import json
 import os
+import re
 import socket
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -13,12 +15,13 @@ from ckpt_runs import KillAt, in_child, trainer
 from multirank import fork_context
 from toy import flat_params
 from trainkit.checkpoint import (
+    ConditionalStorage,
     FolderLock,
     FolderLockedError,
     LocalStorage,
-    S3Storage,
     list_checkpoints,
     load_checkpoint,
+    open_storage,
 )
 from trainkit.core import Callback
 
@@ -53,12 +56,15 @@ def _run_in_child(folder, go, holding, finish, results):
         results.send((type(_cause(err)).__name__, os.getpid(), str(_cause(err))))
 
 
-def test_two_runs_started_together_one_refuses_naming_the_other(tmp_path):
+@pytest.mark.parametrize("kind", ["local", "fsspec-file"])
+def test_two_runs_started_together_one_refuses_naming_the_other(tmp_path, kind):
+    # The same folder, as a path (LocalStorage) or through fsspec's local file system.
+    folder = tmp_path if kind == "local" else f"fsspec+file://{tmp_path}"
     ctx = fork_context()
     go, holding, finish = ctx.Event(), ctx.Event(), ctx.Event()
     receiver, sender = ctx.Pipe(duplex=False)
     procs = [
-        ctx.Process(target=_run_in_child, args=(tmp_path, go, holding, finish, sender))
+        ctx.Process(target=_run_in_child, args=(folder, go, holding, finish, sender))
         for _ in range(2)
     ]
     for proc in procs:
@@ -82,7 +88,8 @@ def test_two_runs_started_together_one_refuses_naming_the_other(tmp_path):
     )
     assert loser != winner
     # The winner's work is whole: every checkpoint it wrote, and latest naming its last.
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["ep0-ba6", "ep0-ba4", "ep0-ba2"]
+    names = [str(p).rsplit("/", 1)[1] for p in list_checkpoints(folder)]
+    assert names == ["ep0-ba6", "ep0-ba4", "ep0-ba2"]
     assert (tmp_path / "latest").read_text() == "ep0-ba6\n"
     assert not (tmp_path / LOCK).exists()  # released at the end of fit
 
@@ -208,13 +215,17 @@ def test_a_run_that_lost_its_folder_saves_nothing_more(tmp_path):
     assert "elsewhere-run" in (tmp_path / LOCK).read_text()  # the new holder's lock stays
 
 
-def test_s3_lock_with_conditional_writes(s3):
-    storage = S3Storage(f"{s3.url}/run", endpoint_url=s3.endpoint)
+def test_lock_with_conditional_writes_on_remote_storage(remote):
+    # S3 (If-None-Match / If-Match), fsspec's local file system (flock) and memory:// (a lock
+    # of this process) all let a write depend on what was read.
+    storage = open_storage(f"{remote.url}/run", remote.options)
+    assert isinstance(storage, ConditionalStorage)
     first = FolderLock(storage, owner="first", run_id="1", lease=60)
     second = FolderLock(storage, owner="second", run_id="2", lease=60)
     first.acquire()
     with pytest.raises(
-        FolderLockedError, match=r"s3://.*/run/\.trainkit-lock: .*held by run 'first'"
+        FolderLockedError,
+        match=rf"{re.escape(remote.url)}/run/\.trainkit-lock: .*held by run 'first'",
     ):
         second.acquire()
 
@@ -225,24 +236,29 @@ def test_s3_lock_with_conditional_writes(s3):
     assert storage.write_if(LOCK, b'{"x": 1}', version) is True
     assert storage.write_if(LOCK, b'{"x": 2}', version) is False  # changed since it was read
     assert storage.read_bytes(LOCK) == b'{"x": 1}'
+    _, changed = storage.read_versioned(LOCK)
+    assert storage.delete_if(LOCK, version or "stale") is False
+    assert storage.delete_if(LOCK, changed) is True and not storage.exists(LOCK)
 
 
-def test_s3_run_refuses_while_another_holds_it(s3, tmp_path):
-    url = f"{s3.url}/run"
-    holder = FolderLock(
-        S3Storage(url, endpoint_url=s3.endpoint), owner="other", run_id="9", lease=60
-    )
+def test_a_run_on_remote_storage_refuses_while_another_holds_it(remote, tmp_path):
+    url = f"{remote.url}/run"
+    holder = FolderLock(open_storage(url, remote.options), owner="other", run_id="9", lease=60)
     holder.acquire()
     try:
         with pytest.raises(Exception) as refused:
-            trainer(url, max_duration="2ba", storage_options=s3.options, local_dir=tmp_path).fit()
+            trainer(
+                url, max_duration="2ba", storage_options=remote.options, local_dir=tmp_path
+            ).fit()
         assert "held by run 'other'" in str(_cause(refused.value))
     finally:
         holder.release()
-    run = trainer(url, max_duration="2ba", storage_options=s3.options, local_dir=tmp_path)
+    run = trainer(url, max_duration="2ba", storage_options=remote.options, local_dir=tmp_path)
     run.fit()
     loaded = trainer()
-    load_checkpoint(loaded.state, f"{url}/latest", storage_options=s3.options, local_dir=tmp_path)
+    load_checkpoint(
+        loaded.state, f"{url}/latest", storage_options=remote.options, local_dir=tmp_path
+    )
     assert torch.equal(flat_params(loaded.state.model), flat_params(run.state.model))
 
 
@@ -299,3 +315,43 @@ def test_two_ranks_hold_the_folder_through_rank_0_and_refuse_together(tmp_path):
     results = run_ranks(_two_ranks, 2, str(tmp_path / "b"))
     assert all(r.startswith("FolderLockedError") and "elsewhere-run" in r for r in results), results
     assert not list_checkpoints(tmp_path / "b")
+
+
+class RaiseAt(Callback):
+    """Raises ``error`` at batch ``batch``'s BATCH_CHECKPOINT (after the Checkpointer's)."""
+
+    def __init__(self, batch, error):
+        self.batch, self.error = batch, error
+
+    def batch_checkpoint(self, state, logger):
+        if state.timestamp.batch == self.batch:
+            raise self.error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()], ids=repr)
+def test_a_run_that_raises_mid_fit_lets_go_of_its_folder_at_once(tmp_path, error):
+    failing = trainer(tmp_path, interval="2ba", max_duration="6ba", callbacks=[RaiseAt(3, error)])
+    with pytest.raises(type(error)):
+        failing.fit()  # not closed: FIT_ABORTED alone must free the folder
+    assert not (tmp_path / LOCK).exists() or (tmp_path / LOCK).read_text() == ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no stale-lock take-over, no waiting
+        second = trainer(tmp_path, interval="2ba", max_duration="6ba", autoresume=True)
+        assert second.state.timestamp.batch == 2
+        second.fit()
+    assert (tmp_path / "latest").read_text() == "ep0-ba6\n"
+
+
+def test_a_run_that_raises_while_an_async_save_is_in_flight_publishes_it(tmp_path):
+    failing = trainer(
+        tmp_path,
+        interval="2ba",
+        max_duration="6ba",
+        async_save=True,
+        callbacks=[RaiseAt(2, RuntimeError("boom"))],  # right after the save of batch 2 began
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        failing.fit()
+    assert (tmp_path / "latest").read_text() == "ep0-ba2\n"
+    second = trainer(tmp_path, interval="2ba", max_duration="6ba", autoresume=True)
+    assert second.state.timestamp.batch == 2

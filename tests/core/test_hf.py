@@ -166,3 +166,32 @@ def test_gradient_accumulation_with_padding_matches_the_full_batch():
         trainer.fit()
         results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
+
+
+def test_from_pretrained_builds_the_wrapper_from_a_save_pretrained_folder(tmp_path):
+    original = _gpt2(seed=4).model
+    original.save_pretrained(tmp_path / "gpt2")
+    model = HuggingFaceModel.from_pretrained(tmp_path / "gpt2")  # the class the config names
+    assert type(model.model).__name__ == "GPT2LMHeadModel" and model.shift_labels
+    assert model.tokenizer is None  # the folder has none
+    ids = torch.arange(10).reshape(2, 5)
+    original.eval(), model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(dict(input_ids=ids)).logits, original(ids).logits)
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32,
+        vocab_size=VOCAB, num_labels=3,
+    )  # fmt: skip
+    transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "bert")
+    classifier = HuggingFaceModel.from_pretrained(tmp_path / "bert", task="masked-lm")
+    assert type(classifier.model).__name__ == "BertForMaskedLM"  # the task picks the head
+    assert not classifier.shift_labels
+
+    raw = (tmp_path / "bert" / "config.json").read_text()
+    (tmp_path / "bert" / "config.json").write_text(
+        raw.replace("BertForSequenceClassification", "os.system")
+    )
+    with pytest.raises(ValueError, match=r"names the model class\(es\) \['os.system'\]"):
+        HuggingFaceModel.from_pretrained(tmp_path / "bert")

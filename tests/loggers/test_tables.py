@@ -1,5 +1,6 @@
-"""Tables (e.g. generated samples) reach every destination that records them; the others
-are skipped, and a failing one does not stop the rest."""
+"""Tables (e.g. generated samples), sent with core's `Logger.log_table`, reach every
+destination that records them; the others ignore them, and a failing one does not stop the
+rest."""
 
 import json
 import warnings
@@ -11,12 +12,10 @@ from trainkit.loggers import (
     FileLogger,
     InMemoryLogger,
     MLflowLogger,
-    TableDestination,
     WandBLogger,
-    log_table,
     read_jsonl,
 )
-from trainkit.loggers._tables import markdown_table
+from trainkit.loggers._tensorboard import markdown_table
 
 COLUMNS = ["prompt", "generation"]
 ROWS = [["a | b", "line one\nline two"], ["c", "d"]]
@@ -27,6 +26,12 @@ class Broken(LoggerDestination):
         raise OSError("disk full")
 
 
+class Mutating(LoggerDestination):
+    def log_table(self, name, columns, rows, step):
+        columns.append("extra")
+        rows[0][0] = "changed"
+
+
 def test_a_table_reaches_the_destinations_that_record_tables(tmp_path):
     memory, file, metrics_only, broken = (
         InMemoryLogger(),
@@ -34,14 +39,18 @@ def test_a_table_reaches_the_destinations_that_record_tables(tmp_path):
         LoggerDestination(),
         Broken(),
     )
-    assert isinstance(memory, TableDestination) and not isinstance(metrics_only, TableDestination)
-    logger = Logger([metrics_only, broken, memory, file])
+    # Core's protocol has the method: a destination that does not override it ignores tables.
+    assert metrics_only.log_table("t", COLUMNS, ROWS, 1) is None
+    logger = Logger([metrics_only, broken, Mutating(), memory, file])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert log_table(logger, "generations", COLUMNS, ROWS, step=3) == 3
-        assert log_table(logger, "generations", COLUMNS, ROWS[:1], step=4) == 3
+        logger.log_table("generations", COLUMNS, ROWS, step=3)
+        logger.log_table("generations", COLUMNS, ROWS[:1], step=4)
     reported = [str(w.message) for w in caught]
     assert len(reported) == 1 and "Broken.log_table failed (OSError('disk full'))" in reported[0]
+    # Each destination got its own copy: Mutating's changes reached neither the caller's
+    # lists nor the destinations after it.
+    assert COLUMNS == ["prompt", "generation"] and ROWS[0][0] == "a | b"
     assert memory.tables == [
         ("generations", 3, COLUMNS, ROWS),
         ("generations", 4, COLUMNS, ROWS[:1]),
@@ -53,9 +62,22 @@ def test_a_table_reaches_the_destinations_that_record_tables(tmp_path):
     ]
 
 
+def test_the_step_defaults_to_the_runs_batch_count():
+    from types import SimpleNamespace
+
+    memory = InMemoryLogger()
+    logger = Logger([memory])
+    logger.log_table("t", COLUMNS, ROWS[1:])
+    logger.state = SimpleNamespace(timestamp=SimpleNamespace(batch=12))
+    logger.log_table("t", COLUMNS, ROWS[1:])
+    assert [step for _, step, *_ in memory.tables] == [0, 12]
+
+
 def test_rows_must_have_one_value_per_column():
-    with pytest.raises(ValueError, match=r"table row 1 has 1 values but there are 2 columns"):
-        log_table(Logger([InMemoryLogger()]), "t", COLUMNS, [["a", "b"], ["c"]], step=1)
+    memory = InMemoryLogger()
+    with pytest.raises(ValueError, match=r"table 't': row 1 has 1 values but there are 2 columns"):
+        Logger([memory]).log_table("t", COLUMNS, [["a", "b"], ["c"]], step=1)
+    assert memory.tables == []  # refused before any destination got it
 
 
 def test_markdown_keeps_cells_apart():

@@ -11,6 +11,9 @@ from trainkit.checkpoint._errors import (
     UnsafeCheckpointError,
     UnsafePathError,
 )
+from trainkit.checkpoint._export import export, export_checkpoint
+from trainkit.checkpoint._export_callback import ExportOnFitEnd, ExportOnFitEndConfig
+from trainkit.checkpoint._fsspec import FsspecStorage
 from trainkit.checkpoint._listing import list_checkpoints
 from trainkit.checkpoint._load import load_checkpoint, resolve_checkpoint
 from trainkit.checkpoint._lock import FolderLock
@@ -18,7 +21,7 @@ from trainkit.checkpoint._manifest import Manifest
 from trainkit.checkpoint._s3 import S3Storage
 from trainkit.checkpoint._save import PendingSave, save_checkpoint
 from trainkit.checkpoint._storage import ConditionalStorage, LocalStorage, Storage, open_storage
-from trainkit.checkpoint._tools import export_checkpoint, inspect_checkpoint, verify_checkpoint
+from trainkit.checkpoint._tools import inspect_checkpoint, verify_checkpoint
 from trainkit.checkpoint._write import SaveAbandoned
 
 __all__ = [
@@ -27,8 +30,11 @@ __all__ = [
     "Checkpointer",
     "CheckpointerConfig",
     "ConditionalStorage",
+    "ExportOnFitEnd",
+    "ExportOnFitEndConfig",
     "FolderLock",
     "FolderLockedError",
+    "FsspecStorage",
     "LocalStorage",
     "Manifest",
     "MissingAlgorithmError",
@@ -39,6 +45,7 @@ __all__ = [
     "StorageError",
     "UnsafeCheckpointError",
     "UnsafePathError",
+    "export",
     "export_checkpoint",
     "inspect_checkpoint",
     "list_checkpoints",

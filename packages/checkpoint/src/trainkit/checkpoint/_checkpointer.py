@@ -3,12 +3,20 @@
 While it saves (from the start of each ``fit`` to its end) the run holds its folder
 (`FolderLock`): a second run there refuses to start, naming the holder. Rotation deletes
 only checkpoints whose manifest carries this run's id (kept across resumes).
+
+When ``fit`` is preempted (``state.preemption`` is set at ``BATCH_CHECKPOINT``), it saves
+there whatever the interval, waits until the save is published (an asynchronous one too),
+and abandons it at the request's deadline (the grace period); when ``fit`` raises
+(``FIT_ABORTED``), it publishes the save in flight and lets go of the folder at once.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import secrets
+import threading
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -35,10 +43,12 @@ from trainkit.checkpoint._names import (
 from trainkit.checkpoint._save import PendingSave, release_staging, save_to
 from trainkit.checkpoint._storage import Storage, is_url, location, open_storage
 from trainkit.checkpoint._write import Cancel
-from trainkit.core import Callback, Event, Logger, State, Timestamp, dist
+from trainkit.core import Callback, Event, Logger, PreemptionRequest, State, Timestamp, dist
 from trainkit.core.interval import interval_trigger
 
 __all__ = ["Checkpointer", "CheckpointerConfig"]
+
+log = logging.getLogger(__name__)
 
 
 class Checkpointer(Callback, config=CheckpointerConfig):
@@ -83,6 +93,8 @@ class Checkpointer(Callback, config=CheckpointerConfig):
         self._replaceable: frozenset[str] = frozenset()
         self._fitting = False
         self._cancel: Cancel | None = None
+        self._give_up_reason = ""  # set when a preemption's grace period is over
+        self._last_name = ""
 
     def _open_folder(self, folder: str) -> Storage:
         self.storage = open_storage(folder, self.config.storage_options)
@@ -264,8 +276,45 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             )
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
-        if self.config.folder is not None and self.trigger(state, Event.BATCH_END):
+        if self.config.folder is None:
+            return
+        if state.preemption is not None:
+            self._save_preempted(state, state.preemption)
+        elif self.trigger(state, Event.BATCH_END):
             self.save(state)
+
+    def _save_preempted(self, state: State, request: PreemptionRequest) -> None:
+        """Save and publish now (after the save in flight), or give up at the deadline."""
+        at = (state.timestamp.epoch, state.timestamp.batch)
+        log.warning("preempted: saving a checkpoint of batch %d (every rank)", at[1])
+        timer = None
+        if request.deadline is not None:
+            left = request.deadline - time.monotonic()
+            self._give_up_reason = "" if left > 0 else "the grace period ended before it began"
+            if left > 0:
+                reason = f"the {left:.3g} s left of the grace period ran out"
+                timer = threading.Timer(left, self._give_up, args=(reason,))
+                timer.daemon = True
+                timer.start()
+        try:
+            self.save(state)
+            self.wait()  # an asynchronous save too: the process is about to exit
+            request.checkpoint = str(location(self._storage_for(state), self._last_name))
+        except CheckpointError as err:  # abandoned here or on another rank, or failed
+            # Exiting "to be retried" still holds: the run resumes from the previous one.
+            request.abandoned = str(err)
+            self.saved_at = at  # FIT_END must not try again
+            self._cancel = None
+            warnings.warn(f"preemption checkpoint abandoned: {err}", stacklevel=2)
+        finally:
+            if timer is not None:
+                timer.cancel()
+                timer.join()  # a timer firing right now must not cancel later saves
+            self._give_up_reason = ""
+
+    def _give_up(self, reason: str) -> None:
+        self._give_up_reason = reason
+        self.abandon(reason)
 
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         if self.config.folder is not None and self.trigger(state, Event.EPOCH_END):
@@ -279,6 +328,17 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             self.wait()
         finally:
             self._fitting = False
+            self._let_go()
+
+    def fit_aborted(self, state: State, logger: Logger) -> None:
+        """``fit`` is raising: publish the save in flight (it holds a good state) if it can,
+        and let go of the folder at once, so another run can take it."""
+        self._fitting = False
+        try:
+            self.wait()
+        except Exception as err:  # the error fit raises is the one that matters
+            warnings.warn(f"the save in flight when fit failed did not finish: {err}", stacklevel=2)
+        finally:
             self._let_go()
 
     def save(self, state: State) -> PendingSave:
@@ -299,7 +359,10 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             return self._name(state)
 
         name = on_rank0(prepare)
+        self._last_name = name
         self._cancel = Cancel()
+        if self._give_up_reason:  # the grace period ended before this save began
+            self._cancel.set(self._give_up_reason)
         self.pending = save_to(
             storage,
             name,

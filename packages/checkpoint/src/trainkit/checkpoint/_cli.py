@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainkit.checkpoint._errors import CheckpointError
-from trainkit.checkpoint._tools import export_checkpoint, inspect_checkpoint, verify_checkpoint
+from trainkit.checkpoint._export import FORMATS, export_checkpoint
+from trainkit.checkpoint._tools import inspect_checkpoint, verify_checkpoint
 
 __all__ = ["main"]
 
@@ -46,10 +47,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("path", help="a checkpoint folder, a latest file, or a folder with one")
     export = commands.add_parser(
-        "export", parents=[common], help="the full model weights as one safetensors file"
+        "export",
+        parents=[common],
+        help="the model for inference: safetensors weights, a torch.export program, ONNX, "
+        "or a HuggingFace folder",
     )
     export.add_argument("path", help="a checkpoint folder, a latest file, or a folder with one")
-    export.add_argument("out", help="the .safetensors file to write")
+    export.add_argument("out", nargs="?", help="where to write (or --out)")
+    export.add_argument("--out", dest="out_option", metavar="OUT", help="where to write")
+    export.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="safetensors",
+        help="safetensors (default): the full weights as one file; torch-export: a .pt2 "
+        "program; onnx: an .onnx file; hf: a folder from_pretrained loads. All but "
+        "safetensors need a checkpoint of a HuggingFaceModel (its config travels with it)",
+    )
+    export.add_argument(
+        "--seq-len", type=int, default=8, help="tokens per example input (torch-export, onnx)"
+    )
+    export.add_argument(
+        "--batch-size", type=int, default=2, help="rows of the example input (torch-export, onnx)"
+    )
+    export.add_argument(
+        "--merge-adapter",
+        action="store_true",
+        help="merge a peft adapter into the base weights first (merge_and_unload)",
+    )
     return parser
 
 
@@ -72,12 +96,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "in the manifest"
             )
         else:
-            shapes = export_checkpoint(args.path, args.out, storage_options=options)
-            print(f"wrote {args.out}: {len(shapes)} tensors")
+            out = _export_out(args)
+            shapes = export_checkpoint(
+                args.path,
+                out,
+                format=args.format,
+                seq_len=args.seq_len,
+                batch_size=args.batch_size,
+                merge_adapter=args.merge_adapter,
+                storage_options=options,
+            )
+            print(f"wrote {out}: {len(shapes)} tensors ({args.format})")
     except (CheckpointError, ValueError, OSError, ImportError) as err:
         print(f"trainkit checkpoint {args.command}: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _export_out(args: argparse.Namespace) -> str:
+    if (args.out is None) == (args.out_option is None):
+        raise ValueError(
+            "export needs where to write: give OUT or --out OUT (one of them, not both)"
+        )
+    return args.out if args.out is not None else args.out_option
 
 
 def _storage_options(pairs: list[str]) -> dict[str, Any] | None:

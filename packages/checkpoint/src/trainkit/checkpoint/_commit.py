@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from trainkit.checkpoint._errors import CheckpointError, CheckpointExistsError, UnsafePathError
-from trainkit.checkpoint._manifest import MANIFEST, FileEntry, Manifest, fsync_dir
+from trainkit.checkpoint._manifest import MANIFEST, FileEntry, Manifest, fsync_dir, hasher
 from trainkit.checkpoint._storage import Storage, join, location
 
 __all__ = [
@@ -110,9 +110,12 @@ class Commit:
         manifest: Manifest,
         *,
         overwrite: bool,
+        extra_files: dict[str, bytes] | None = None,
     ):
         self.storage, self.name, self.token = storage, name, token
         self.overwrite = overwrite
+        # Small files rank 0 writes beside the shards (e.g. a HuggingFace model's config).
+        self.extra_files = extra_files or {}
         self.staging, self.manifest = staging, manifest
         self.in_place = storage.local_path("") is not None
         self.pending = f"{TMP_PREFIX}{name}-{token}" if self.in_place else name
@@ -165,7 +168,13 @@ class Commit:
         and checksum), the manifest, then ``latest``."""
         storage = self.storage
         storage.upload(self.staging / ".metadata", join(self.pending, ".metadata"))
-        self.manifest.files = files | {".metadata": metadata}
+        extra = {}
+        for file, data in sorted(self.extra_files.items()):
+            storage.write_bytes(join(self.pending, file), data)
+            digest = hasher(metadata.algorithm)
+            digest.update(data)
+            extra[file] = FileEntry(len(data), digest.hexdigest(), metadata.algorithm)
+        self.manifest.files = files | extra | {".metadata": metadata}
         storage.write_bytes(join(self.pending, MANIFEST), self.manifest.to_json().encode())
         if self.in_place:
             _rename(storage, self.pending, self.name, self.overwrite)

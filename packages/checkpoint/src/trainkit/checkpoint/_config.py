@@ -114,7 +114,8 @@ class CheckpointerConfig:
     of one that died there without letting it go."""
     storage_options: dict[str, Any] | None = None
     """For a URL, options of its storage back end (for S3: ``endpoint_url``,
-    ``region_name``, ...; see `S3Storage`)."""
+    ``region_name``, ...; see `S3Storage`; for ``gs://``, ``az://`` and other fsspec URLs,
+    the file system's own, e.g. ``token`` for gcsfs; see `FsspecStorage`)."""
     local_dir: str | None = None
     """For a URL, where checkpoints are staged before upload and downloaded before loading
     (default: a folder in the system's temporary directory)."""

@@ -34,6 +34,7 @@ from trainkit.checkpoint._common import (
     single_process_is_intended,
 )
 from trainkit.checkpoint._errors import CheckpointError
+from trainkit.checkpoint._hf_files import hf_files
 from trainkit.checkpoint._manifest import FileEntry, Manifest, check_checksum
 from trainkit.checkpoint._storage import (
     Storage,
@@ -198,9 +199,13 @@ def save_to(
         run_id=run_id,
     )
     threads = save_threads(state_dict, hosts.count(hosts[rank]))
+    # The model's HuggingFace config and tokenizer travel with it (rank 0 writes them).
+    extra = hf_files(state.parallelism.unwrap(state.model)) if rank == 0 else {}
     job = _Job(
         published=location(storage, name),
-        commit=Commit(storage, name, token, staging, manifest, overwrite=overwrite),
+        commit=Commit(
+            storage, name, token, staging, manifest, overwrite=overwrite, extra_files=extra
+        ),
         writer=DigestingWriter(staging, checksum=checksum, threads=threads, cancel=cancel),
         cancel=cancel,
     )
@@ -266,10 +271,27 @@ class _Job:
                 storage_writer=self.writer,
                 async_stager=host.stager,
                 no_dist=not dist.is_initialized(),
+                process_group=_background_group(),
             )
         host.in_flight = pending
         future.add_done_callback(after_write)
         return pending
+
+
+_background: list[Any] = []  # [(the run's group, its background group)]
+
+
+def _background_group() -> Any:
+    """A gloo group for the collectives DCP runs in its background thread (None on one
+    process). On the run's own group they would race the training thread's collectives
+    (DDP's all-reduces), and ranks could pair different operations: gloo aborts."""
+    if dist.get_world_size() == 1 or not torch.distributed.is_initialized():
+        return None
+    default = torch.distributed.group.WORLD
+    if not _background or _background[0][0] is not default:  # a new process group
+        # Collective: every rank saves at this point.
+        _background[:] = [(default, torch.distributed.new_group(backend="gloo"))]
+    return _background[0][1]
 
 
 def required_algorithms(state: State) -> list[str]:

@@ -10,7 +10,8 @@ remote storage download first. Back ends other than the built-in ones plug in th
 
 A storage never reaches outside its root: `LocalStorage` opens every key one name at a time
 without following links and reads only regular files (`trainkit.checkpoint._confine`);
-`S3Storage` refuses keys with ``.``/``..`` parts and keys outside its prefix.
+`S3Storage` and `FsspecStorage` (``gs://``, ``az://``, ``memory://``... through fsspec) refuse
+keys with ``.``/``..`` parts and keys outside their prefix.
 """
 
 from __future__ import annotations
@@ -322,7 +323,8 @@ def open_storage(
     """The storage whose root is ``location``: a local path, ``file://...``, ``s3://...``, ...
 
     ``options`` go to the back end's constructor (for S3: ``endpoint_url``, ``region_name``...).
-    Other schemes are looked up in the ``trainkit.storage`` entry-point group.
+    Other schemes are looked up in the ``trainkit.storage`` entry-point group; a scheme with
+    no entry point that fsspec knows (and ``fsspec+<scheme>://``) goes to `FsspecStorage`.
     """
     scheme = _scheme(location)
     if not scheme:
@@ -335,10 +337,16 @@ def open_storage(
     try:
         factory = plugins.load("trainkit.storage", scheme)
     except LookupError as err:
-        raise CheckpointError(
-            f"no storage back end for {scheme}:// URLs ({location}): {err}. Install the package "
-            "that provides it, or register one under the 'trainkit.storage' entry-point group"
-        ) from None
+        from trainkit.checkpoint import _fsspec  # any scheme fsspec knows, and fsspec+<scheme>
+
+        if not _fsspec.supports(scheme):
+            raise CheckpointError(
+                f"no storage back end for {scheme}:// URLs ({location}): {err}. Install the "
+                "package that provides it (fsspec's file systems: pip install "
+                '"trainkit-checkpoint[fsspec]" and the file system\'s package), or register one '
+                "under the 'trainkit.storage' entry-point group"
+            ) from None
+        factory = _fsspec.fsspec_storage
     storage = factory(location, **dict(options or {}))
     if not isinstance(storage, Storage):
         raise TypeError(f"the {scheme!r} storage back end built {storage!r}, not a Storage")

@@ -1,4 +1,4 @@
-"""A checkpoint on its own: what it holds, whether it is intact, its weights as safetensors.
+"""A checkpoint on its own: what it holds, whether it is intact (exports: `_export`).
 
 Everything here reads only the manifest (JSON), ``.metadata`` (through the restricted
 unpickler) and tensor data: no checkpoint file can run code.
@@ -13,20 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from trainkit.checkpoint._common import plain_errors, single_process_is_intended
 from trainkit.checkpoint._errors import CheckpointError
 from trainkit.checkpoint._fetch import fetched, read_manifest, resolve
 from trainkit.checkpoint._manifest import Manifest
 from trainkit.checkpoint._read import SafeReader
-from trainkit.checkpoint._safe import SafeLoadPlanner
 from trainkit.checkpoint._storage import Storage, location, open_storage, split_location
 
-__all__ = ["export_checkpoint", "inspect_checkpoint", "verify_checkpoint"]
+__all__ = [
+    "MODEL_PREFIX",
+    "empty_model_tensors",
+    "inspect_checkpoint",
+    "open_checkpoint",
+    "verify_checkpoint",
+]
 
 _STATE, _MODEL = "state.", "state.model."
+MODEL_PREFIX = _MODEL
 
 
 def inspect_checkpoint(
@@ -42,7 +46,7 @@ def inspect_checkpoint(
     Reads the manifest and ``.metadata`` only (from a remote storage, only those two are
     downloaded); does not check the shards (`verify_checkpoint` does).
     """
-    storage, key = _open(path, storage_options)
+    storage, key = open_checkpoint(path, storage_options)
     manifest = read_manifest(storage, key)
     with fetched(storage, key, files=(".metadata",)) as folder:
         metadata = SafeReader(folder, manifest.files).read_metadata()
@@ -82,46 +86,14 @@ def verify_checkpoint(
     Returns the manifest; raises `CheckpointError` naming the first bad file. A remote
     checkpoint is downloaded into ``local_dir`` (a temporary folder by default) to be checked.
     """
-    storage, key = _open(path, storage_options)
+    storage, key = open_checkpoint(path, storage_options)
     with fetched(storage, key, verify=True, local_dir=local_dir) as folder:
         manifest = Manifest.read(folder)
         SafeReader(folder, manifest.files).read_metadata()  # DCP metadata naming its files only
         return manifest
 
 
-def export_checkpoint(
-    path: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    local_dir: str | os.PathLike[str] | None = None,
-) -> dict[str, torch.Size]:
-    """Write the checkpoint's full model weights to one safetensors file ``out``.
-
-    Works for any layout it was saved with (sharded over many ranks or not), in one process
-    without a process group. The file needs nothing but ``safetensors`` to load
-    (``safetensors.torch.load_file(out)``); names are the model's parameter names.
-    The checkpoint is verified first. Returns each tensor's name and shape.
-    """
-    from safetensors.torch import save_file
-
-    storage, key = _open(path, storage_options)
-    where = location(storage, key)
-    with fetched(storage, key, verify=True, local_dir=local_dir) as folder:
-        reader = SafeReader(folder, Manifest.read(folder).files)
-        tensors = _empty_model_tensors(reader.read_metadata(), where)
-        with single_process_is_intended(), plain_errors(f"exporting {where}"):
-            dcp.load(tensors, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
-    weights = {fqn.removeprefix(_MODEL): tensor for fqn, tensor in tensors.items()}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    save_file(weights, str(partial), metadata={"format": "pt", "source": str(where)})
-    os.replace(partial, out)
-    return {name: tensor.shape for name, tensor in weights.items()}
-
-
-def _open(
+def open_checkpoint(
     path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None
 ) -> tuple[Storage, str]:
     root, name = split_location(path)
@@ -129,7 +101,7 @@ def _open(
     return storage, resolve(storage, name)
 
 
-def _empty_model_tensors(metadata: Metadata, where: Path | str) -> dict[str, torch.Tensor]:
+def empty_model_tensors(metadata: Metadata, where: Path | str) -> dict[str, torch.Tensor]:
     # Full-size tensors to load into: DCP assembles them from however the shards were cut.
     tensors = {
         fqn: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)

@@ -2,7 +2,9 @@
 
 Everything process-related is torch.distributed.run's elastic agent: rendezvous, restarts,
 per-rank output, and shutdown (on SIGTERM or SIGINT every rank gets SIGTERM, then SIGKILL
-after a grace period). The exit status is non-zero when any rank fails.
+after 30 s). The exit status is 1 when a rank fails, and 75 (`PREEMPTED_EXIT_CODE`) when
+the launch was stopped by a signal or its ranks were preempted: a trainkit ``fit`` then
+saved a checkpoint, and the run resumes from it when launched again with autoresume.
 """
 
 from __future__ import annotations
@@ -75,13 +77,29 @@ def torchrun_args(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
+
+    from trainkit.core import PREEMPTED_EXIT_CODE
 
     command = torchrun_args(args)
     try:
         torchrun(command)
+    except SignalException as err:
+        # torchrun forwarded the signal to every rank and waited for them (30 s at most):
+        # a trainkit fit saves a checkpoint and exits 75 then, so the launch is "retry later".
+        print(
+            f"trainkit launch: stopped by {err.sigval.name}, forwarded to every rank "
+            f"(exit {PREEMPTED_EXIT_CODE}: preempted)",
+            file=sys.stderr,
+        )
+        return PREEMPTED_EXIT_CODE
     except ChildFailedError as err:
+        codes = {f.exitcode for f in err.failures.values()}
+        if codes == {PREEMPTED_EXIT_CODE}:  # the ranks were signalled directly
+            print("trainkit launch: every rank that stopped was preempted", file=sys.stderr)
+            return PREEMPTED_EXIT_CODE
         failures = ", ".join(
             f"rank {rank} (exit {f.exitcode})" for rank, f in sorted(err.failures.items())
         )

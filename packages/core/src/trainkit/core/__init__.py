@@ -13,8 +13,10 @@ from trainkit.core._event import Event
 from trainkit.core._hf import HuggingFaceModel
 from trainkit.core._logger import Logger, LoggerDestination
 from trainkit.core._model import Classifier, TrainModel
+from trainkit.core._nonfinite import NonFiniteLossError
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
 from trainkit.core._precision import Device, MixedPrecision, Precision
+from trainkit.core._preemption import PREEMPTED_EXIT_CODE, PreemptionRequest, TrainingPreempted
 from trainkit.core._state import Evaluator, State
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core._trainer import Trainer, TrainerConfig
@@ -38,6 +40,7 @@ from trainkit.core.schedulers import (
 
 __all__ = [
     "ORDERS",
+    "PREEMPTED_EXIT_CODE",
     "Algorithm",
     "AlgorithmError",
     "Callback",
@@ -63,12 +66,14 @@ __all__ = [
     "MixedPrecision",
     "MultiStepScheduler",
     "MultiStepWithWarmupScheduler",
+    "NonFiniteLossError",
     "Order",
     "OrderingPass",
     "ParallelStrategy",
     "PolynomialScheduler",
     "PolynomialWithWarmupScheduler",
     "Precision",
+    "PreemptionRequest",
     "Scheduler",
     "SingleProcess",
     "State",
@@ -80,5 +85,6 @@ __all__ = [
     "TrainModel",
     "Trainer",
     "TrainerConfig",
+    "TrainingPreempted",
     "ensure_time",
 ]

@@ -70,6 +70,14 @@ class Algorithm(Configurable, abc.ABC):
     """The method changes the model's structure: a checkpoint saved with it can only be
     loaded into a run that has it too (checked by trainkit-checkpoint from the manifest)."""
 
+    needs_outputs: ClassVar[bool] = False
+    """Set True if it reads ``state.outputs`` after AFTER_LOSS (at BEFORE_BACKWARD,
+    AFTER_BACKWARD, AFTER_TRAIN_BATCH, BATCH_END, ...). The loop drops the model's training
+    outputs once the loss exists and the train metrics are updated, so they are not kept
+    alive through backward and the optimizer step; while a registered component declares
+    this, they are kept until the next forward (Composer keeps them unless its
+    ``FreeOutputs`` callback is added)."""
+
     @abc.abstractmethod
     def match(self, event: Event, state: State) -> bool:
         """Whether to run at ``event``."""
@@ -97,6 +105,14 @@ class Callback(Configurable):
 
     required_events: ClassVar[RequiredEvents] = ()
     """Events the loop must fire for this callback to work (see `Algorithm`)."""
+
+    needs_outputs: ClassVar[bool] = False
+    """Set True if it reads ``state.outputs`` after AFTER_LOSS (at BEFORE_BACKWARD,
+    AFTER_BACKWARD, AFTER_TRAIN_BATCH, BATCH_END, ...). The loop drops the model's training
+    outputs once the loss exists and the train metrics are updated, so they are not kept
+    alive through backward and the optimizer step; while a registered component declares
+    this, they are kept until the next forward (Composer keeps them unless its
+    ``FreeOutputs`` callback is added)."""
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         """Call the method named after ``event``; override to handle every event in one place."""
@@ -191,6 +207,12 @@ class Callback(Configurable):
 
     def fit_end(self, state: State, logger: Logger) -> None:
         """Called at `Event.FIT_END`."""
+
+    def fit_aborted(self, state: State, logger: Logger) -> None:
+        """Called at `Event.FIT_ABORTED`: ``fit`` is raising (any error, KeyboardInterrupt
+        included; not a preemption, which ends with ``FIT_END``). Let go of what the fit
+        holds (locks, background work) without collectives: the other ranks may not be
+        here. The run may go on (another ``fit``) or end (`close` still follows)."""
 
     def eval_before_all(self, state: State, logger: Logger) -> None:
         """Called at `Event.EVAL_BEFORE_ALL`."""

@@ -28,7 +28,8 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     """Move every tensor in a (nested) tuple / list / dict batch to ``device``."""
     # Concrete types first: isinstance against the Mapping ABC is slow, and this runs per step.
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        # Already there (CPU training): comparing devices costs a fraction of a no-op .to().
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
     if type(batch) in (tuple, list):
         return type(batch)([to_device(v, device) for v in batch])
     if type(batch) is dict:
@@ -61,7 +62,11 @@ def default_num_samples(batch: Batch) -> int:
     """Samples in a batch: the size of dim 0 of its first tensor, or for packed text (a
     dict batch with ``position_ids`` beside ``input_ids``, as HF's flattening collator
     makes) the number of sequences, each starting at position 0."""
-    if isinstance(batch, Mapping) and isinstance(batch.get("position_ids"), torch.Tensor):
+    if (
+        type(batch) not in (tuple, list)  # the common case, without the slow ABC check
+        and isinstance(batch, Mapping)
+        and isinstance(batch.get("position_ids"), torch.Tensor)
+    ):
         positions, ids = batch["position_ids"], batch.get("input_ids")
         if isinstance(ids, torch.Tensor) and positions.shape == ids.shape:
             return int((positions == 0).sum())

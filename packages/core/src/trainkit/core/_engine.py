@@ -79,12 +79,17 @@ class Engine:
         self.passes: list[OrderingPass] = []
         self.history: collections.deque[Trace] = collections.deque(maxlen=history_size)
         self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
-        self._listeners_key: tuple[int, ...] = ()  # changes when callbacks are added or removed
+        # The lists _listeners was built for, and their lengths: rebuilt when either changes.
+        self._listened_callbacks: list[object] | None = None
+        self._listened_destinations: list[object] | None = None
+        self._listened_sizes = (-1, -1)
         self.fired: set[Event] = set()
         self._algorithms_key: tuple[int, int] = (0, -1)
         self._ranked: list[Algorithm] = []
         self._checked_setup = False
         self._closed = False
+        self._outputs_key: tuple[object, ...] = ()  # the lists outputs_needed was read from
+        self._outputs_needed = False
         self.log_traces = False
         """Send each event's algorithm runs to the logger (``algorithm_traces/<name>/<event>``:
         the algorithm's int return value, or 1) -- the Trainer's ``log_traces``."""
@@ -102,16 +107,19 @@ class Engine:
         if event.__class__ is not Event:
             event = Event(event)
         self.fired.add(event)
-        if event == Event.BATCH_START and not self._checked_setup:
+        if event is Event.BATCH_START and not self._checked_setup:
             self._checked_setup = True
             self.check_required_events(_BEFORE_TRAINING)
         state = self.state
         traces = self._run_algorithms(event) if state.algorithms else _NO_TRACES
         if not state.callbacks and not self.logger.destinations:
             return traces
-        for listener, handler in self._listeners_for(event):
+        listeners = self._listeners_for(event)  # cached per event: often none
+        if not listeners:
+            return traces
+        for listener, handler in listeners:
             try:
-                handler(self.state, self.logger)
+                handler(state, self.logger)
             except Exception as err:
                 if event != Event.INIT and self._is_destination_only(listener) and not _is_oom(err):
                     # Like its log_* calls, a logger failing mid-run (disk full, network) must
@@ -120,6 +128,26 @@ class Engine:
                     continue
                 _raise_with_context(err, CallbackError, f"callback {_name(listener)}", event)
         return traces
+
+    def run_cleanup_event(self, event: Event | str) -> list[Exception]:
+        """Run ``event`` for every algorithm, callback and destination even when some raise
+        (for ``FIT_ABORTED``: each gets its chance to clean up); returns the errors, each
+        naming its culprit and the event."""
+        event = Event(event)
+        self.fired.add(event)
+        errors: list[Exception] = []
+        try:
+            if self.state.algorithms:
+                self._run_algorithms(event)
+        except Exception as err:
+            errors.append(err)
+        for listener, handler in self._listeners_for(event):
+            try:
+                handler(self.state, self.logger)
+            except Exception as err:
+                who = f"callback {_name(listener)}"
+                errors.append(CallbackError(f"{who} failed at event {event.name}: {err!r}"))
+        return errors
 
     def _run_algorithms(self, event: Event) -> list[Trace]:
         state, logger = self.state, self.logger
@@ -150,6 +178,33 @@ class Engine:
             )
         return traces
 
+    def outputs_needed(self) -> bool:
+        """Whether a registered algorithm, callback or destination declares
+        ``needs_outputs``: then the loop keeps ``state.outputs`` through backward and the
+        optimizer step, else it drops them after AFTER_LOSS. Read again when the registered
+        objects change, not per call."""
+        state, destinations = self.state, self.logger.destinations
+        algorithms, callbacks = state.algorithms, state.callbacks
+        key = self._outputs_key
+        if (
+            not key
+            or key[0] is not algorithms
+            or key[1] is not callbacks
+            or key[2] is not destinations
+            or key[3] != (len(algorithms), len(callbacks), len(destinations))
+        ):
+            self._outputs_key = (
+                algorithms,
+                callbacks,
+                destinations,
+                (len(algorithms), len(callbacks), len(destinations)),
+            )
+            self._outputs_needed = any(
+                getattr(component, "needs_outputs", False) is True
+                for component in [*algorithms, *callbacks, *destinations]
+            )
+        return self._outputs_needed
+
     def _is_destination_only(self, listener: object) -> bool:
         return any(d is listener for d in self.logger.destinations) and not any(
             c is listener for c in self.state.callbacks
@@ -174,10 +229,15 @@ class Engine:
         # Callbacks and destinations that only inherit no-ops are skipped; the lists are
         # rebuilt only when the registered objects change, not per event.
         callbacks, destinations = self.state.callbacks, self.logger.destinations
-        key = (id(callbacks), len(callbacks), id(destinations), len(destinations))
-        if key != self._listeners_key:
-            self._listeners_key = key
+        if (
+            callbacks is not self._listened_callbacks
+            or destinations is not self._listened_destinations
+            or len(callbacks) != self._listened_sizes[0]
+            or len(destinations) != self._listened_sizes[1]
+        ):
             self._listeners = {}
+            self._listened_callbacks, self._listened_destinations = callbacks, destinations
+            self._listened_sizes = (len(callbacks), len(destinations))
         listeners = self._listeners.get(event)
         if listeners is None:
             if not self._listeners:  # the registered objects changed: check them once

@@ -15,6 +15,7 @@ class Event(StrEnum):
     An evaluation during ``fit`` is wrapped in ``EVAL_BEFORE_ALL`` / ``EVAL_AFTER_ALL``; one
     asked for by ``Trainer.eval()`` in ``EVAL_STANDALONE_START`` / ``EVAL_STANDALONE_END``
     instead (as Composer). Both run ``EVAL_START`` ... ``EVAL_END`` for each evaluator.
+    ``FIT_ABORTED`` fires instead of ``FIT_END`` when ``fit`` raises (a trainkit addition).
     """
 
     INIT = "init"
@@ -41,6 +42,7 @@ class Event(StrEnum):
     ITERATION_END = "iteration_end"
     ITERATION_CHECKPOINT = "iteration_checkpoint"
     FIT_END = "fit_end"
+    FIT_ABORTED = "fit_aborted"
     EVAL_BEFORE_ALL = "eval_before_all"
     EVAL_START = "eval_start"
     EVAL_BATCH_START = "eval_batch_start"

@@ -1,13 +1,16 @@
 """`HuggingFaceModel`: a transformers model as a `TrainModel`.
 
-transformers is never imported here: the wrapper only calls the model, so it works with
-any module that takes ``**batch`` and returns an output with ``loss`` and ``logits``.
+transformers is imported only by `HuggingFaceModel.from_pretrained`: the wrapper itself
+only calls the model, so it works with any module that takes ``**batch`` and returns an
+output with ``loss`` and ``logits``.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +68,38 @@ class HuggingFaceModel(TrainModel):
             else {"cross_entropy": CrossEntropy(), "perplexity": Perplexity()}
         )
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        task: str | None = None,
+        tokenizer: Any = "auto",
+        **options: Any,
+    ) -> HuggingFaceModel:
+        """A model (and its tokenizer) from a ``save_pretrained`` folder, ready to train on.
+
+        E.g. the folder ``trainkit checkpoint export --format hf`` writes. Never runs code
+        from the folder: the config is JSON, the class one of transformers' own
+        (``trust_remote_code`` is refused).
+
+        Args:
+            path: the folder (or a name transformers resolves, e.g. from its cache).
+            task: ``"causal-lm"``, ``"sequence-classification"``, ``"masked-lm"`` or
+                ``"seq2seq-lm"`` (the matching ``AutoModelFor...``); None: the class the
+                config's ``architectures`` names.
+            tokenizer: ``"auto"``: the folder's tokenizer when it has one; None: none; or a
+                tokenizer object to keep.
+            options: passed to the wrapper (``metrics``, ``eval_metrics``,
+                ``shift_labels``, ``use_logits``).
+        """
+        import transformers  # only here: the wrapper itself never needs it
+
+        model = _pretrained_model(transformers, path, task)
+        if isinstance(tokenizer, str) and tokenizer == "auto":
+            tokenizer = _pretrained_tokenizer(transformers, path)
+        return cls(model, tokenizer=tokenizer, **options)
+
     @property
     def config(self) -> Any:
         return getattr(self.model, "config", None)
@@ -114,6 +149,39 @@ class HuggingFaceModel(TrainModel):
         """6 * parameters * tokens: forward and backward of a dense transformer."""
         params = sum(p.numel() for p in self.model.parameters())
         return 6.0 * params * batch["input_ids"].numel()
+
+
+_TASKS = {
+    "causal-lm": "AutoModelForCausalLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+}
+
+
+def _pretrained_model(transformers: Any, path: str | os.PathLike[str], task: str | None) -> Any:
+    if task is not None and task not in _TASKS:
+        raise ValueError(f"task {task!r} is not known; use one of {sorted(_TASKS)} or None")
+    if task is not None:
+        return getattr(transformers, _TASKS[task]).from_pretrained(path, trust_remote_code=False)
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    names = config.architectures or []
+    found = getattr(transformers, names[0], None) if len(names) == 1 else None
+    if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
+        raise ValueError(
+            f"{path}: its config names the model class(es) {names!r}, not one class of "
+            f"transformers; pass task= one of {sorted(_TASKS)}"
+        )
+    return found.from_pretrained(path, trust_remote_code=False)
+
+
+def _pretrained_tokenizer(transformers: Any, path: str | os.PathLike[str]) -> Any:
+    folder = Path(path)
+    if folder.is_dir() and not any(
+        (folder / name).is_file() for name in ("tokenizer_config.json", "tokenizer.json")
+    ):
+        return None
+    return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
 def _by_name(metrics: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:

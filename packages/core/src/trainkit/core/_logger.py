@@ -30,6 +30,10 @@ class LoggerDestination(Configurable):
     required_events: ClassVar[tuple[Any, ...]] = ()
     """Events the loop must fire for this destination to work (see `Algorithm`)."""
 
+    needs_outputs: ClassVar[bool] = False
+    """Set True if it reads ``state.outputs`` after AFTER_LOSS: the loop then keeps the
+    model's outputs through backward and the optimizer step (see `Algorithm`)."""
+
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Record the run's configuration once."""
 
@@ -38,6 +42,13 @@ class LoggerDestination(Configurable):
 
     def log_images(self, name: str, images: torch.Tensor | Sequence[Any], step: int) -> None:
         """Record images (NCHW / NHWC tensors or arrays)."""
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        """Record a table: ``rows`` (lists of text or numbers, one value per column) under
+        ``columns``, e.g. generated samples. Default: nothing (a destination that cannot
+        show tables skips them; they are not turned into metrics)."""
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         """Copy a local file to wherever this destination keeps artifacts."""
@@ -102,6 +113,31 @@ class Logger:
 
     def log_images(self, name: str, images: Any, step: int | None = None) -> None:
         self._fan_out("log_images", name, images, self._step(step))
+
+    def log_table(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        step: int | None = None,
+    ) -> None:
+        """Send a table to every destination (those that do not record tables ignore it).
+
+        Raises ValueError unless every row has one value per column; each destination gets
+        its own lists (``columns`` and rows copied), so one cannot change another's.
+        """
+        for index, row in enumerate(rows):
+            if len(row) != len(columns):
+                raise ValueError(
+                    f"table {name!r}: row {index} has {len(row)} values but there are "
+                    f"{len(columns)} columns {list(columns)}; give one value per column"
+                )
+        step = self._step(step)
+        for dest in self.destinations:
+            try:
+                dest.log_table(name, list(columns), [list(row) for row in rows], step)
+            except Exception as err:
+                self.report_failure(dest, "log_table", err)
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         self._fan_out("upload_file", name, path, overwrite)

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainkit.core import _setup as setup
+from trainkit.core._compile import RecompileWatch, compile_options
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._state import State
@@ -53,11 +54,14 @@ def prepare_run(
     schedulers: Any = None,
     scale_schedule_ratio: float = 1.0,
     step_schedulers_every_batch: bool | None = None,
+    compile: bool | Mapping[str, Any] = False,
 ) -> None:
     """From a built `State` to the first batch: INIT, placement, strategy, loading.
 
     Fires INIT (surgery algorithms change the model here), moves the model to
-    ``state.device``, lets the strategy wrap or shard it (and adapt the precision), re-binds optimizers built on the
+    ``state.device``, lets the strategy wrap or shard it (and adapt the precision), compiles
+    it in place when ``compile`` is True or a dict of ``torch.compile`` keyword arguments
+    (through the strategy's ``compile``: per block under FSDP), re-binds optimizers built on the
     original parameters (or builds AdamW if there are none), compiles ``schedulers`` (scaling
     them and ``state.max_duration`` by ``scale_schedule_ratio``, and choosing when they are
     stepped from ``step_schedulers_every_batch``, as Composer does), sets
@@ -70,6 +74,10 @@ def prepare_run(
     state.parallelism.prepare(state)
     state.data_parallel_size = state.parallelism.data_parallel_size
     state.precision = state.parallelism.precision_for(state.precision)
+    options = compile_options(compile)
+    if options is not None:
+        state.parallelism.compile(state.model, options)
+        state.recompiles = RecompileWatch()
     unwrapped = state.parallelism.unwrap(state.model)
     rebind_optimizers(state.optimizers, unwrapped, names_before)
     if not state.optimizers:
@@ -152,6 +160,8 @@ def finish_batch(
         scheduler_step(state)
     if loss is not None:
         engine.logger.log_metrics({"loss/train/total": loss})
+    if state.recompiles is not None:
+        state.recompiles.batch_end(engine.logger)
     engine.run_event(Event.BATCH_END)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
@@ -59,6 +60,17 @@ class ParallelStrategy(Configurable, abc.ABC):
         """The precision to train with under this strategy (e.g. with a sharded grad
         scaler); called once by `prepare_run` after `prepare`."""
         return precision
+
+    def compile(self, model: nn.Module, options: Mapping[str, Any]) -> None:
+        """``torch.compile`` what `prepare` made of ``model``, in place, with ``options``
+        (the Trainer's ``compile``); called once by `prepare_run` after `prepare`.
+
+        The default compiles the user's module (`unwrap`) in place with
+        ``nn.Module.compile``: parameter names and state-dict keys stay as they were, and
+        training, evaluation and prediction all call the compiled module. Sharding
+        strategies compile each sharded block instead.
+        """
+        self.unwrap(model).compile(**options)
 
 
 class SingleProcess(ParallelStrategy):

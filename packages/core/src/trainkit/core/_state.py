@@ -12,9 +12,11 @@ from torch import nn
 
 from trainkit.core import dist
 from trainkit.core._callback import Algorithm, Stateful
+from trainkit.core._compile import RecompileWatch
 from trainkit.core._data import DataSpec
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
 from trainkit.core._precision import Precision
+from trainkit.core._preemption import PreemptionRequest
 from trainkit.core._rng import get_rng_state, set_rng_state
 from trainkit.core._time import Time, Timestamp, TimeUnit
 
@@ -105,6 +107,12 @@ class State:
     outputs: Any = None
     loss: torch.Tensor | None = None
     total_loss: torch.Tensor | None = None
+    preemption: PreemptionRequest | None = None
+    """Set by ``fit`` after the batch at which every rank agreed to stop because of a
+    preemption signal (None otherwise): a checkpointer saves at that ``BATCH_CHECKPOINT``."""
+    recompiles: RecompileWatch | None = None
+    """Counts ``torch.compile`` recompilations when the model is compiled (set by
+    `prepare_run`); `finish_batch` logs the count as ``compile/recompiles``."""
     _stop_requested: bool = False
 
     @property

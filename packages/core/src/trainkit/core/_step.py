@@ -19,6 +19,7 @@ from torch import nn
 from trainkit.core import dist
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
+from trainkit.core._metrics import Metric
 from trainkit.core._state import Evaluator, State
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "train_batch",
 ]
 
+_SYNC = contextlib.nullcontext()  # the last microbatch synchronises: nothing to enter
+
 
 def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     """Forward and backward over ``state.batch`` in microbatches; returns the batch loss.
@@ -40,7 +43,9 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     gradient equals the gradient of the whole batch's mean loss. The share is counted by
     the model's ``loss_weight(batch)`` when it has one (label tokens, for token-mean
     losses), else in samples. Gradient synchronisation is skipped
-    (``parallelism.no_sync``) for all but the last microbatch.
+    (``parallelism.no_sync``) for all but the last microbatch. ``state.outputs`` is set to
+    None after AFTER_LOSS unless a registered component declares ``needs_outputs``
+    (`Engine.outputs_needed`), so the model's outputs are freed before backward.
     """
     batch, data = state.batch, state.train_data
     assert data is not None, "run_microbatches needs state.train_data"
@@ -54,7 +59,7 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     total: torch.Tensor | None = None
     last = len(microbatches) - 1
     for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
-        sync = contextlib.nullcontext() if index == last else state.parallelism.no_sync(model)
+        sync = _SYNC if index == last else state.parallelism.no_sync(model)
         with sync:
             state.batch = microbatch
             engine.run_event(Event.BEFORE_FORWARD)
@@ -66,6 +71,8 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
             with precision.autocast():
                 state.loss = unwrapped.loss(state.outputs, state.batch)
             engine.run_event(Event.AFTER_LOSS)
+            if not engine.outputs_needed():
+                state.outputs = None  # not kept alive through backward and the step
             engine.run_event(Event.BEFORE_BACKWARD)
             scaled = state.loss if weight is None else state.loss * weight
             precision.backward(scaled)
@@ -115,7 +122,7 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
     batch = state.batch
     while True:
         # A failed attempt may already have counted some microbatches in the metrics.
-        metrics_before = copy.deepcopy(state.train_metrics) if state.auto_microbatching else None
+        saved = _save_metrics(state.train_metrics) if state.auto_microbatching else None
         try:
             loss = run_microbatches(state, engine)
             out_of_memory = False
@@ -128,8 +135,36 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
         if not out_of_memory:
             return loss
         _clear_after_oom(state, batch)
-        state.train_metrics = metrics_before or {}
+        assert saved is not None
+        _restore_metrics(state, saved)
         _halve_microbatch(state, batch)
+
+
+def _save_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    # Runs every batch under auto microbatching, so it must be cheap: a trainkit Metric
+    # that keeps nothing beyond its two running sums (it does not override reset) is saved
+    # as one stacked tensor; other metrics (torchmetrics, ...) are copied whole.
+    return {
+        name: torch.stack((m.total, m.count)) if _sums_only(m) else copy.deepcopy(m)
+        for name, m in metrics.items()
+    }
+
+
+def _sums_only(metric: Any) -> bool:
+    return isinstance(metric, Metric) and type(metric).reset is Metric.reset
+
+
+def _restore_metrics(state: State, saved: dict[str, Any]) -> None:
+    restored = {}
+    for name, metric in state.train_metrics.items():
+        value = saved[name]
+        if isinstance(value, torch.Tensor):
+            metric.total.copy_(value[0])
+            metric.count.copy_(value[1])
+            restored[name] = metric
+        else:
+            restored[name] = value
+    state.train_metrics = restored
 
 
 def _clear_after_oom(state: State, batch: Any) -> None:

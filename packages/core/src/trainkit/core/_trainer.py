@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,11 +14,14 @@ from torch import nn
 from trainkit.core import _setup as setup
 from trainkit.core import dist
 from trainkit.core._callback import Algorithm
+from trainkit.core._compile import compile_options
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
+from trainkit.core._fit_guard import FitGuard
 from trainkit.core._interval import IntervalTrigger, interval_trigger
 from trainkit.core._logger import Logger, LoggerDestination
 from trainkit.core._loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
+from trainkit.core._nonfinite import check_nonfinite_mode
 from trainkit.core._parallel import ParallelStrategy
 from trainkit.core._placement import join_process_group, resolve_parallelism
 from trainkit.core._precision import (
@@ -28,6 +31,7 @@ from trainkit.core._precision import (
     make_precision,
     resolve_device,
 )
+from trainkit.core._preemption import check_preemption_signals
 from trainkit.core._rng import random_seed, seed_everything
 from trainkit.core._state import State, check_subset_num_batches
 from trainkit.core._step import eval_forward, evaluate, optimizer_step, train_batch
@@ -100,6 +104,14 @@ class TrainerConfig:
     """The run's seed (rank r uses seed + r); random and broadcast if None."""
     deterministic: bool = False
     """Use deterministic kernels only (slower, bitwise reproducible on GPU)."""
+    compile: bool | dict[str, Any] = False
+    """``torch.compile`` the model: True, or a dict of ``torch.compile`` keyword arguments
+    (``{"mode": "max-autotune", "dynamic": True}``). Applied in place after the algorithms'
+    surgery (INIT) and the strategy (per block under FSDP and tensor parallel), so parameter
+    names and checkpoints are the same as an eager run's; evaluation and prediction use the
+    compiled model too. Recompilations after the first batch (new shapes from progressive
+    resizing or sequence-length warm-up, evaluation mode) are logged as
+    ``compile/recompiles``."""
     progress_bar: bool = True
     """Show progress (trainkit-loggers' bar when installed, else plain lines)."""
     log_to_console: bool = False
@@ -153,6 +165,21 @@ class TrainerConfig:
     """Resume from the newest complete checkpoint in ``save_folder`` when there is one
     (then ``load_path`` is ignored), else start as configured; for runs that are restarted
     after a crash or a preemption."""
+    preemption_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT"])
+    """Signals that preempt ``fit``: every rank finishes its batch, all stop after the same
+    one, a checkpoint is saved (with ``save_folder``), loggers flush, and ``fit`` raises
+    `TrainingPreempted`, a `SystemExit` with status 75 (``EX_TEMPFAIL``). A second signal
+    is logged and ignored. Installed by ``fit`` in the main thread only, restored after it;
+    ``[]`` leaves signals alone (SIGINT then raises KeyboardInterrupt as usual)."""
+    preemption_grace_period: float | None = None
+    """Seconds from a preemption signal by which the checkpoint must be published; a save
+    still running then is abandoned, and the previous checkpoint stays the latest. Set it a
+    few seconds below the cluster's (e.g. 25 for Kubernetes' default 30). None: no limit."""
+    on_nonfinite_loss: str = "error"
+    """What a NaN or infinite training loss does: ``"error"`` stops ``fit`` with
+    `NonFiniteLossError` naming the batch, ``"warn"`` warns once and trains on. Checked
+    without waiting for the device: on one CPU process before the batch is checkpointed,
+    on CUDA or several ranks a batch or two later (docs/architecture.md)."""
 
     def __post_init__(self) -> None:
         # What can be checked without the model, data or devices: a config file's mistakes
@@ -163,6 +190,7 @@ class TrainerConfig:
         check_device(self.device)
         setup.check_microbatch_size(self.device_train_microbatch_size, None)
         setup.check_scale_schedule_ratio(self.scale_schedule_ratio)
+        compile_options(self.compile)
         self.eval_subset_num_batches = check_subset_num_batches(
             self.eval_subset_num_batches, "eval_subset_num_batches"
         )
@@ -171,6 +199,9 @@ class TrainerConfig:
         )
         interval_trigger(self.console_log_interval)
         setup.check_python_log_level(self.python_log_level)
+        check_preemption_signals(self.preemption_signals)
+        _check_grace_period(self.preemption_grace_period)
+        check_nonfinite_mode(self.on_nonfinite_loss)
         if self.autoresume and self.save_folder is None:
             raise ValueError(
                 "autoresume=True needs save_folder: it resumes from the newest checkpoint there"
@@ -257,6 +288,7 @@ class Trainer(Configurable, config=TrainerConfig):
             schedulers=config.schedulers,
             scale_schedule_ratio=config.scale_schedule_ratio,
             step_schedulers_every_batch=config.step_schedulers_every_batch,
+            compile=config.compile,
         )
         self.logger.log_hyperparameters(self.hyperparameters())  # destinations started at INIT
         log.info(
@@ -268,6 +300,11 @@ class Trainer(Configurable, config=TrainerConfig):
             type(state.parallelism).__name__,
             len(state.algorithms),
             len(state.callbacks),
+        )
+        self._guard = FitGuard(
+            check_preemption_signals(config.preemption_signals),
+            config.preemption_grace_period,
+            config.on_nonfinite_loss,
         )
         self._last_eval_batch: dict[str, int] = {}
         self.last_eval: dict[str, Any] = {}
@@ -303,20 +340,26 @@ class Trainer(Configurable, config=TrainerConfig):
             state.timestamp.batch,
             state.max_duration,
         )
-        self.engine.run_event(Event.FIT_START)
-        self.engine.run_event(Event.ITERATION_START)
-        while not state.is_done() and not state.stop_requested:
-            self._train_epoch()
-        if state.is_done():
-            self.engine.run_event(Event.ITERATION_END)
-            self.engine.run_event(Event.ITERATION_CHECKPOINT)
-        self.engine.run_event(Event.FIT_END)
-        log.info(
-            "fit ended at epoch %d batch %d (%s)",
-            state.timestamp.epoch,
-            state.timestamp.batch,
-            "done" if state.is_done() else "stop requested",
-        )
+        guard = self._guard
+        with guard.running(state, self.engine):  # preemption, non-finite loss, FIT_ABORTED
+            self.engine.run_event(Event.FIT_START)
+            self.engine.run_event(Event.ITERATION_START)
+            while not state.is_done() and not state.stop_requested:
+                self._train_epoch()
+            guard.finish(state)
+            if state.is_done():
+                self.engine.run_event(Event.ITERATION_END)
+                self.engine.run_event(Event.ITERATION_CHECKPOINT)
+            self.engine.run_event(Event.FIT_END)
+            log.info(
+                "fit ended at epoch %d batch %d (%s)",
+                state.timestamp.epoch,
+                state.timestamp.batch,
+                "done" if state.is_done() else "stop requested",
+            )
+            if state.preemption is not None:
+                self.close()  # flush the loggers: the process is about to exit
+                guard.stop_preempted(state)
 
     def _train_epoch(self) -> None:
         state, engine = self.state, self.engine
@@ -326,11 +369,15 @@ class Trainer(Configurable, config=TrainerConfig):
             loss = train_batch(state, engine)
             optimizer_step(state)
             finish_batch(state, engine, clock, loss)
-            self._maybe_eval(Event.BATCH_END)
+            preempted = self._guard.after_batch(state, loss)  # all ranks agree: no eval then
+            if not preempted:
+                self._maybe_eval(Event.BATCH_END)
             engine.run_event(Event.BATCH_CHECKPOINT)
             trained += 1
             if state.is_done() or state.stop_requested:
-                if state.timestamp.batch_in_epoch != state.dataloader_len:
+                if state.timestamp.batch_in_epoch != state.dataloader_len or (
+                    preempted and not state.is_done()  # the resumed run ends the epoch
+                ):
                     return  # mid-epoch: the epoch goes on in the next fit
                 break
         if trained == 0 and state.timestamp.batch_in_epoch == 0:
@@ -458,6 +505,16 @@ def _check_max_duration(max_duration: Time | str | int | None) -> Time | None:
     if duration.unit == TimeUnit.ITERATION:
         Timestamp().get(duration.unit)  # raises: trainkit does not count iterations (says why)
     return duration
+
+
+def _check_grace_period(seconds: float | None) -> None:
+    if seconds is None:
+        return
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise ValueError(
+            f"preemption_grace_period must be a number of seconds >= 0 or None (no limit), "
+            f"got {seconds!r}"
+        )
 
 
 def _set_deterministic(device: torch.device) -> None:

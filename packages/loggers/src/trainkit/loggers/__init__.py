@@ -39,7 +39,6 @@ if TYPE_CHECKING:
         l2_norms,
     )
     from trainkit.loggers._progress import ProgressBar, ProgressBarConfig
-    from trainkit.loggers._tables import TableDestination, log_table
     from trainkit.loggers._tensorboard import TensorBoardLogger, TensorBoardLoggerConfig
     from trainkit.loggers._wandb import WandBLogger, WandBLoggerConfig
 
@@ -70,13 +69,11 @@ _MODULES = {
     "ProgressBar": "_progress",
     "ProgressBarConfig": "_progress",
     "TensorBoardLogger": "_tensorboard",
-    "TableDestination": "_tables",
     "TensorBoardLoggerConfig": "_tensorboard",
     "WandBLogger": "_wandb",
     "WandBLoggerConfig": "_wandb",
     "activation_stats": "_activation_monitor",
     "l2_norms": "_optimizer_monitor",
-    "log_table": "_tables",
     "read_jsonl": "_file",
 }
 
@@ -106,14 +103,12 @@ __all__ = [
     "OptimizerMonitorConfig",
     "ProgressBar",
     "ProgressBarConfig",
-    "TableDestination",
     "TensorBoardLogger",
     "TensorBoardLoggerConfig",
     "WandBLogger",
     "WandBLoggerConfig",
     "activation_stats",
     "l2_norms",
-    "log_table",
     "read_jsonl",
 ]
 

@@ -13,7 +13,6 @@ import torch
 from trainkit.core import Callback, Event, HuggingFaceModel, Logger, State, Time, dist
 from trainkit.core.interval import interval_trigger
 from trainkit.loggers._common import check_interval
-from trainkit.loggers._tables import log_table
 
 __all__ = ["Generate", "GenerateConfig"]
 
@@ -85,9 +84,9 @@ class Generate(Callback, config=GenerateConfig):
     and which keeps its ``tokenizer``. Each time, every prompt is continued by up to
     ``max_new_tokens`` tokens for each way in ``decoding``, in eval mode under the run's
     precision, and the table ``prompt | decoding | generation`` (the new text only) is
-    logged as ``table`` at the batch count, to every destination that records tables
-    (`TableDestination`: the file, TensorBoard, wandb, MLflow, Neptune, Comet, console and
-    in-memory destinations). Prompts are left-padded (the tokenizer's pad token, or its
+    logged as ``table`` at the batch count with `Logger.log_table`, which every destination
+    that records tables keeps (the file, TensorBoard, wandb, MLflow, Neptune, Comet, console
+    and in-memory destinations). Prompts are left-padded (the tokenizer's pad token, or its
     end token when it has none; the tokenizer is left as it was).
 
     Every rank generates (under FSDP each forward gathers parameters from all ranks, so
@@ -105,6 +104,8 @@ class Generate(Callback, config=GenerateConfig):
         self._last_batch: int | None = None
         self._inputs: dict[str, torch.Tensor] | None = None  # the tokenized prompts
         self._pad_id: int | None = None
+        self.last_rows: list[list[str]] = []
+        """The rows of the latest table (on rank 0; empty before the first generation)."""
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._model(state)  # a model that cannot generate fails before training
@@ -124,8 +125,9 @@ class Generate(Callback, config=GenerateConfig):
         self._last_batch = batch
         started = time.perf_counter()
         rows = self.generate(state)
+        self.last_rows = rows
         if dist.get_rank() == 0:
-            log_table(logger, self.config.table, COLUMNS, rows, step=batch)
+            logger.log_table(self.config.table, COLUMNS, rows, step=batch)
         log.info(
             "Generate: %d rows in %.2f s at batch %d",
             len(rows),

@@ -20,7 +20,6 @@ from trainkit.loggers._common import (
     path_text,
     resolve_folder,
 )
-from trainkit.loggers._tables import markdown_table
 
 __all__ = ["TensorBoardLogger", "TensorBoardLoggerConfig"]
 
@@ -105,3 +104,17 @@ class TensorBoardLogger(BufferedDestination, config=TensorBoardLoggerConfig):
             batch = batch.unsqueeze(0)
         layout = "NCHW" if batch.shape[1] in (1, 3, 4) else "NHWC"
         self.writer.add_images(name, batch, global_step=step, dataformats=layout)
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """The table in Markdown, as TensorBoard's text panel shows it."""
+
+    def cell(value: Any) -> str:
+        return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+    lines = [
+        "| " + " | ".join(cell(c) for c in columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows),
+    ]
+    return "\n".join(lines)

@@ -130,6 +130,7 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
     def __init__(self, config: FSDPConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
         self._dims: ParallelDims | None = None  # set by prepare
+        self._blocks: list[nn.Module] = []  # the sharded blocks, set by prepare
 
     @property
     def data_parallel_size(self) -> int:
@@ -188,6 +189,13 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         # None lets FSDP keep the root gathered after forward: backward needs it first.
         fully_shard(model, reshard_after_forward=self.config.reshard_after_forward, **options)
         self._dims = dims
+        self._blocks = blocks
+
+    def compile(self, model: nn.Module, options: Mapping[str, Any]) -> None:
+        """The Trainer's ``compile``: each sharded block in place (the whole model when there
+        are none), so FSDP's gathers and frees run between compiled regions and repeated
+        blocks share one compiled graph; as the ``compile`` field does before sharding."""
+        apply_compile(self._blocks, model, options)
 
     def precision_for(self, precision: Precision) -> Precision:
         """``precision``, with a `ShardedGradScaler` when it scales the loss (fp16): every

@@ -18,11 +18,13 @@ from trainkit.core import ParallelStrategy, Precision, State
 from trainkit.parallel._common import (
     broadcast_module_states,
     check_not_wrapped,
+    repeated_blocks,
     require_process_group,
     sharded_precision,
 )
 from trainkit.parallel._mesh import ParallelDims
 from trainkit.parallel._styles import ColwiseParallel, FusedColwiseParallel, RowwiseParallel
+from trainkit.parallel._wrap import apply_compile
 
 __all__ = [
     "Plan",
@@ -122,6 +124,11 @@ class TensorParallel(ParallelStrategy, config=TensorParallelConfig):
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The model itself (tensor parallelism shards it in place)."""
         return model
+
+    def compile(self, model: nn.Module, options: Mapping[str, Any]) -> None:
+        """The Trainer's ``compile``: each repeated block (a transformer's layers) in place,
+        or the whole model when it has none."""
+        apply_compile(repeated_blocks(model), model, options)
 
 
 def expand_plan(model: nn.Module, plan: Plan) -> dict[str, ParallelStyle]:

@@ -1,0 +1,138 @@
+"""What the per-step fast paths must keep: metrics across out-of-memory retries, no parsing
+per step, callbacks seen when added mid-run."""
+
+import pytest
+import torch
+
+from toy import blobs, loader, mlp
+from trainkit.core import Callback, LinearWithWarmupScheduler, Time, Trainer, TrainModel
+
+
+class OOMInLoss(TrainModel):
+    """Runs forward (so the train metrics are updated), then runs out of memory in the
+    loss for microbatches larger than ``limit``."""
+
+    def __init__(self, limit: int, metrics=None) -> None:
+        super().__init__()
+        self.limit = limit
+        self.inner = mlp(dropout=0.0)
+        self._metrics = metrics
+
+    def forward(self, batch):
+        return self.inner(batch)
+
+    def loss(self, outputs, batch):
+        if batch[0].shape[0] > self.limit:
+            raise torch.OutOfMemoryError(f"fake OOM: {batch[0].shape[0]} > {self.limit}")
+        return self.inner.loss(outputs, batch)
+
+    def get_metrics(self, is_train=False):
+        return self._metrics() if self._metrics is not None else self.inner.get_metrics(is_train)
+
+    def update_metric(self, batch, outputs, metric):
+        self.inner.update_metric(batch, outputs, metric)
+
+
+class CountingMetric:
+    """Not a trainkit Metric (no running-sum buffers): saved by copying the whole object."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+
+    def update(self, outputs, targets) -> None:
+        self.samples += targets.shape[0]
+
+    def compute(self):
+        return torch.tensor(float(self.samples))
+
+    def reset(self) -> None:
+        self.samples = 0
+
+    def to(self, device):
+        return self
+
+
+def _fit(model, **kwargs):
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader(blobs(64), shuffle=False),
+        max_duration="1ep",
+        device="cpu",
+        seed=0,
+        progress_bar=False,
+        **kwargs,
+    )
+    trainer.fit()
+    return trainer
+
+
+def test_out_of_memory_retries_count_each_sample_once_in_the_train_metrics():
+    retried = _fit(OOMInLoss(limit=4), device_train_microbatch_size="auto")
+    assert retried.state.device_train_microbatch_size == 4
+    plain = _fit(OOMInLoss(limit=64))
+    accuracy = retried.state.train_metrics["accuracy"]
+    assert int(accuracy.count) == 64  # not 64 plus the failed attempts' samples
+    torch.testing.assert_close(accuracy.compute(), plain.state.train_metrics["accuracy"].compute())
+
+
+def test_out_of_memory_retries_restore_other_metrics_whole():
+    model = OOMInLoss(limit=4, metrics=lambda: {"seen": CountingMetric()})
+    model.update_metric = lambda batch, outputs, metric: metric.update(outputs, batch[1])
+    trainer = _fit(model, device_train_microbatch_size="auto")
+    assert trainer.state.train_metrics["seen"].samples == 64
+
+
+def test_no_time_string_is_parsed_per_step(monkeypatch):
+    model = mlp()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader(blobs(64)),
+        eval_dataloader=loader(blobs(16)),
+        eval_interval="3ba",
+        max_duration="8ba",
+        schedulers=LinearWithWarmupScheduler(t_warmup="0.25dur"),
+        device="cpu",
+        seed=0,
+        progress_bar=False,
+    )
+    parsed: list[str] = []
+    original = Time.from_timestring.__func__
+
+    def counting(cls, text):
+        parsed.append(text)
+        return original(cls, text)
+
+    monkeypatch.setattr(Time, "from_timestring", classmethod(counting))
+    trainer.fit(duration="2ba")
+    after_two = len(parsed)
+    trainer.fit(duration="6ba")
+    assert len(parsed) - after_two <= after_two  # per fit at most, not per batch
+    assert len(parsed) <= 2 * after_two
+
+
+@pytest.mark.parametrize("when", ["before_fit", "mid_run"])
+def test_a_callback_added_later_is_called(when):
+    calls: list[int] = []
+
+    class Counter(Callback):
+        def batch_end(self, state, logger):
+            calls.append(state.timestamp.batch)
+
+    class AddsCounter(Callback):
+        def batch_end(self, state, logger):
+            if state.timestamp.batch == 1:
+                state.callbacks.append(Counter())
+
+    callbacks = [AddsCounter()] if when == "mid_run" else []
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(64)),
+        max_duration="3ba",
+        device="cpu",
+        progress_bar=False,
+        callbacks=callbacks,
+    )
+    if when == "before_fit":
+        trainer.state.callbacks.append(Counter())
+    trainer.fit()
+    assert calls == ([1, 2, 3] if when == "before_fit" else [2, 3])
