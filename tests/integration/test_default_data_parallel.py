@@ -6,6 +6,7 @@ data parallelism (rank 0's weights broadcast, gradients averaged) keeps the repl
 """
 
 import os
+import time
 
 import pytest
 import torch
@@ -13,15 +14,15 @@ import torch.distributed
 
 from multirank import run_ranks, torchrun_env
 from toy import blobs, flat_params, loader, mlp
-from trainkit.core import SingleProcess, Trainer, dist
+from trainkit.core import Callback, LinearWithWarmupScheduler, SingleProcess, Trainer, dist
 from trainkit.parallel import DDP
 
 
-def _trainer(rank, **kwargs):
+def _trainer(rank, max_duration="3ba", **kwargs):
     return Trainer(
         model=mlp(seed=rank),  # different weights on each rank before the Trainer
         train_dataloader=loader(blobs(64, seed=rank)),  # different data on each rank
-        max_duration="3ba",
+        max_duration=max_duration,
         device="cpu",
         progress_bar=False,
         seed=7,
@@ -69,3 +70,39 @@ def test_explicit_single_process_at_two_ranks_warns_and_trains_independent_repli
     for name, difference in run_ranks(_explicit_single_process, 2):
         assert name == "SingleProcess"
         assert difference > 1e-3
+
+
+class _Clock(Callback):
+    """A fake ``time.perf_counter`` that stands still except at batch starts: a batch takes
+    ``seconds`` on this rank."""
+
+    def __init__(self, seconds):
+        self.now, self.seconds = 1000.0, seconds
+        time.perf_counter = lambda: self.now  # in the forked rank only
+
+    def batch_start(self, state, logger):
+        self.now += self.seconds
+
+
+def _wall_clock_budget(rank, world):
+    # Rank 1 is slower: by its own clock rank 0 would stop after batch 5 (5 s), rank 1 after
+    # batch 4 (6 s), leaving rank 0 in a collective alone and the two replicas with
+    # different learning rates.
+    trainer = _trainer(
+        rank,
+        parallelism=DDP(),
+        max_duration="5sec",
+        schedulers=LinearWithWarmupScheduler(t_warmup="0.2dur"),  # LR follows the clock
+        callbacks=[_Clock(1.0 if rank == 0 else 1.5)],
+    )
+    trainer.fit()
+    rank0, rank1 = _weights_on_every_rank(trainer)
+    state = trainer.state
+    return state.timestamp.batch, state.timestamp.total_wct, (rank0 - rank1).abs().max().item()
+
+
+def test_a_wall_clock_budget_stops_every_rank_after_the_same_batch():
+    for batches, seconds, difference in run_ranks(_wall_clock_budget, 2):
+        assert batches == 4  # the slowest rank's clock: 4 x 1.5 s crosses 5 s
+        assert seconds == 6.0
+        assert difference == 0.0

@@ -31,11 +31,14 @@ from typing import Any
 import torch
 
 from trainkit.core import _setup as setup
+from trainkit.core import dist
 from trainkit.core._compile import RecompileWatch, compile_options
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
+from trainkit.core._parallel import SingleProcess
 from trainkit.core._state import State
 from trainkit.core._step import rebind_optimizers, scheduler_step
+from trainkit.core._time import TimeUnit
 
 __all__ = [
     "BatchClock",
@@ -153,8 +156,17 @@ def finish_batch(
     state: State, engine: Engine, clock: BatchClock, loss: torch.Tensor | None
 ) -> None:
     """Advance the timestamp, step the LR schedulers (when stepped every batch), log the loss,
-    fire BATCH_END."""
+    fire BATCH_END.
+
+    With a wall-clock ``max_duration`` on ranks that train together, every rank counts the
+    slowest rank's batch time (one small CPU collective per batch, in such runs only): each
+    rank's own clock would stop them after different batches (a rank left waiting in a
+    collective) and give them different learning rates (replicas drifting apart).
+    """
     duration = time.perf_counter() - clock.started
+    max_duration = state.max_duration
+    if max_duration is not None and max_duration.unit == TimeUnit.SECOND:
+        duration = _slowest_rank(state, duration)
     state.timestamp = state.timestamp.to_next_batch(clock.samples, clock.tokens, duration)
     if state.step_schedulers_every_batch:
         scheduler_step(state)
@@ -163,6 +175,23 @@ def finish_batch(
     if state.recompiles is not None:
         state.recompiles.batch_end(engine.logger)
     engine.run_event(Event.BATCH_END)
+
+
+_clock_group: list[Any] = []  # [(the run's process group, a gloo group for the clock)]
+
+
+def _slowest_rank(state: State, duration: float) -> float:
+    if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):
+        return duration  # alone, or independent replicas (each keeps its own clock)
+    import torch.distributed as tdist
+
+    world = tdist.group.WORLD
+    if not _clock_group or _clock_group[0][0] is not world:  # a new process group
+        # Collective: every rank finishes its first batch of the run here.
+        _clock_group[:] = [(world, tdist.new_group(backend="gloo"))]
+    seconds = torch.tensor([duration], dtype=torch.float64)
+    tdist.all_reduce(seconds, op=tdist.ReduceOp.MAX, group=_clock_group[0][1])
+    return float(seconds.item())
 
 
 def finish_epoch(state: State, engine: Engine) -> None:
