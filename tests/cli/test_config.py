@@ -17,6 +17,7 @@ from trainkit.cli._config import (
     load_config,
     sections,
 )
+from trainkit.cli._plan import WarmupCosine, choose_plan, default_config
 from trainkit.core import TrainerConfig, plugins
 from trainkit.core.config import Configurable, field_docs, settings, slot, slot_group, slots
 
@@ -276,9 +277,9 @@ def test_print_config_shows_the_resolved_default(capsys):
     config = yaml.safe_load(out)
     assert config["model"]["name"] == "tiny_gpt2"
     assert config["trainer"]["max_duration"] == "7ba"
-    assert config["optimizers"]["name"] == "AdamW" and config["optimizers"]["lr"] == 0.002
-    assert config["optimizers"]["betas"] == [0.9, 0.999]  # AdamW's default, filled in
-    assert config["schedulers"][0]["t_max"] == "1dur"  # the schedule's default, filled in
+    assert config["optimizers"]["lr"] == choose_plan().lr
+    assert config["optimizers"]["eps"] == 1e-8  # AdamW's default, filled in
+    assert config["model"]["dropout"] == 0.0  # the model factory's default, filled in
 
 
 def test_print_config_documents_every_trainer_setting(capsys):
@@ -292,9 +293,8 @@ def test_print_config_documents_every_trainer_setting(capsys):
 
 def test_print_config_documents_component_fields(capsys):
     out = printed(capsys)
-    cosine = plugins.load("trainkit.schedulers", "cosine_with_warmup")
-    docs = field_docs(cosine.config_class)
-    for field in dataclasses.fields(cosine.config_class):
+    docs = field_docs(WarmupCosine.config_class)  # the default's schedule
+    for field in dataclasses.fields(WarmupCosine.config_class):
         assert comments_above(out, field.name, 4) == " ".join(docs[field.name].split())
     section_doc = field_docs(TrainerConfig)["schedulers"]
     assert comments_above(out, "schedulers", 0) == " ".join(section_doc.split())
@@ -305,7 +305,7 @@ def test_printed_config_loads_back_to_the_same_config(tmp_path, capsys):
     out = printed(capsys, "--set", "algorithms=[]", "--run-dir", str(tmp_path / "r"))
     path = write(tmp_path, out)
     again = load_config(path, run_dir=tmp_path / "r")
-    first = load_config(None, ["algorithms=[]"], yaml.safe_load(_default()), tmp_path / "r")
+    first = load_config(None, ["algorithms=[]"], _default(), tmp_path / "r")
     assert again.plain() == first.plain()
     # Printing is a fixed point (a note on a missing package may be dropped once).
     assert load_config(write(tmp_path, again.to_yaml()), run_dir=tmp_path / "r").to_yaml() == (
@@ -316,9 +316,8 @@ def test_printed_config_loads_back_to_the_same_config(tmp_path, capsys):
 
 
 def _default():
-    from trainkit.cli._train import DEFAULT_CONFIG
-
-    return DEFAULT_CONFIG
+    has_generate = "generate" in plugins.available("trainkit.callbacks")
+    return default_config(choose_plan(), has_generate)
 
 
 # --- a component whose config has a slot: filled by a nested component -------------------------

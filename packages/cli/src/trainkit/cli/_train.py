@@ -16,26 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+import torch
 
 from trainkit.cli._build import build_run
 from trainkit.cli._config import load_config
+from trainkit.cli._plan import Plan, choose_plan, default_config
 from trainkit.core import Callback, Trainer, dist, plugins
 
-__all__ = ["DEFAULT_CONFIG", "add_parser", "run"]
-
-DEFAULT_CONFIG = """\
-# The embedded default: a byte-level GPT-2 learning to write Python from the standard library.
-model: {name: tiny_gpt2, n_layer: 2, n_head: 4, n_embd: 128, n_positions: 128}
-data: {name: stdlib_text, seq_len: 128, batch_size: 16}
-# From a local MDS copy (`trainkit data convert stdlib_text stdlib-mds`), resumable on any
-# number of ranks: data: {name: streaming, local: stdlib-mds, batch_size: 16}
-optimizers: {name: AdamW, lr: 0.002, weight_decay: 0.01}
-schedulers:
-  - {name: cosine_with_warmup, t_warmup: 0.05dur, alpha_f: 0.1}
-checkpoint: {interval: 200ba, keep: 2}
-trainer: {max_duration: 1000ba, eval_interval: 200ba, seed: 42}
-"""
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -43,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train from a config, or the embedded default with none",
         description="Train a model from CONFIG (YAML), or with no CONFIG the embedded default: a "
-        "small GPT-2 on the Python standard library's source. Re-running resumes.",
+        "byte-level GPT-2 on Python source, sized for this machine and trained for a fixed "
+        "wall-clock budget. Re-running resumes.",
     )
     parser.add_argument("config", nargs="?", type=Path, help="a YAML config (default: embedded)")
     parser.add_argument("--max-duration", help="override trainer.max_duration, e.g. 2ep, 500ba")
@@ -66,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.set) + (
         [f"trainer.max_duration={args.max_duration}"] if args.max_duration else []
     )
-    base = yaml.safe_load(DEFAULT_CONFIG) if args.config is None else None
+    plan = choose_plan() if args.config is None else None
+    base = None
+    if plan is not None:
+        base = default_config(plan, "generate" in plugins.available("trainkit.callbacks"))
     config = load_config(args.config, overrides, base=base, run_dir=args.run_dir)
     if args.print_config:
         print(config.to_yaml(), end="")
@@ -75,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("trainer.max_duration is not set; say how long to train, e.g. 10ep, 500ba")
     dist.init_distributed(single_process=config.components["parallelism"] is not None)
     run_dir = config.run_dir
+    if plan is not None:
+        _start_default(plan, str(config.trainer["max_duration"]))
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(config.to_yaml())
@@ -116,21 +110,73 @@ def _time_first_step(trainer: Trainer, started: float) -> list[float]:
     return seen
 
 
+def _start_default(plan: Plan, max_duration: str) -> None:
+    if plan.device == "cpu":
+        torch.set_num_threads(plan.threads)
+    if dist.get_rank() == 0:
+        print(plan.describe(max_duration), flush=True)
+        for note in plan.notes:
+            print(f"note: {note}", flush=True)
+
+
 def _finish(
     trainer: Trainer, run_dir: Path, results: dict, model_name: str, first_step: list[float]
 ) -> None:
     summary = "  ".join(f"{k}: {float(v):.4f}" for k, v in results.items())
     if first_step:
         print(f"first training step {first_step[0]:.1f} s after start", flush=True)
+    timestamp = trainer.state.timestamp
+    print(
+        f"trained {timestamp.batch} batches ({timestamp.token / 1e6:.1f}M tokens) in "
+        f"{timestamp.total_wct:.0f} s",
+        flush=True,
+    )
     print(f"final evaluation: {summary or 'no eval data'}", flush=True)
+    _compare_with_compressors(trainer, results)
     if "plot" in plugins.available("trainkit.commands") and (run_dir / "metrics.jsonl").exists():
         try:
             plugins.load("trainkit.commands", "plot")([str(run_dir)])
         except Exception as err:  # a missing plotting extra must not fail a finished run
             print(f"no plots: {err}", flush=True)
+    sample = _sample(trainer, model_name)
+    if sample is not None:
+        (run_dir / "sample.txt").write_text(sample)
+        print("sample:\n" + sample, flush=True)
+
+
+def _compare_with_compressors(trainer: Trainer, results: dict) -> None:
+    """Held-out bits/byte beside gzip -9 and xz -9 on the same bytes (logged too)."""
+    from trainkit.cli._default import HeldOutWindows, compressor_baselines
+
+    key = "metrics/eval/bits_per_byte"
+    evaluators = trainer.state.evaluators
+    dataset = getattr(evaluators[0].data.dataloader, "dataset", None) if evaluators else None
+    if key not in results or not isinstance(dataset, HeldOutWindows):
+        return
+    data = dataset.scored_bytes()
+    baselines = compressor_baselines(data)
+    trainer.logger.log_metrics(
+        {f"baseline/{name.split()[0]}_bits_per_byte": value for name, value in baselines.items()}
+    )
+    others = ", ".join(f"{name} {value:.3f}" for name, value in baselines.items())
+    print(
+        f"held-out bits/byte ({len(data):,} bytes of files never trained on): model "
+        f"{float(results[key]):.3f}; {others}",
+        flush=True,
+    )
+
+
+def _sample(trainer: Trainer, model_name: str) -> str | None:
+    """The `Generate` callback's latest text (prompt and continuation), or for a byte-level
+    model run without it, a sample drawn now."""
+    if "generate" in plugins.available("trainkit.callbacks"):
+        generate_class = plugins.load("trainkit.callbacks", "generate")
+        for callback in trainer.state.callbacks:
+            if isinstance(callback, generate_class) and callback.last_rows:
+                prompt, _, text = callback.last_rows[-1]
+                return prompt + text
     if model_name == "tiny_gpt2":
         from trainkit.cli._default import generate
 
-        sample = generate(trainer.state.parallelism.unwrap(trainer.state.model))
-        (run_dir / "sample.txt").write_text(sample)
-        print("sample:\n" + sample, flush=True)
+        return generate(trainer.state.parallelism.unwrap(trainer.state.model))
+    return None
