@@ -1,7 +1,8 @@
 """float8_training: eligible linears become torchao Float8Linear at INIT, the rest stays,
-training still learns, checkpoints round-trip, and hardware or installs that cannot do
+training still learns, and hardware or installs that cannot do
 fp8 are refused with what to do instead. Runs on CPU (torchao emulates the fp8 casts);
-tests/algorithms/test_gpu_float8.py runs it on a GPU."""
+tests/algorithms/test_gpu_float8.py runs it on a GPU, and
+tests/integration/test_float8_with_siblings.py with checkpoints and FSDP2."""
 
 import importlib.util
 
@@ -9,13 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchao.float8.float8_linear import Float8Linear
 
-from multirank import run_ranks
-from parallel.helpers import Blocks, full_weights, max_difference, to_bytes
-from toy import blobs, flat_params, loader
+from toy import blobs, loader
 from trainkit.algorithms import (
     Float8Training,
     Float8TrainingConfig,
@@ -189,51 +187,6 @@ def make(tmp_path, **kwargs):
         run_name="float8",
         **kwargs,
     )
-
-
-def test_checkpoint_resume_continues_exactly(tmp_path):
-    full = make(tmp_path)
-    full.fit()
-    first = make(tmp_path, save_folder=str(tmp_path / "run"), save_interval="2ba", autoresume=True)
-    first.fit(duration="3ba")
-    resumed = make(
-        tmp_path, save_folder=str(tmp_path / "run"), save_interval="2ba", autoresume=True
-    )
-    assert resumed.state.timestamp.batch == 3
-    assert isinstance(resumed.state.model.module[0], Float8Linear)
-    resumed.fit()
-    assert torch.equal(flat_params(resumed.state.model), flat_params(full.state.model))
-
-
-def _fit_blocks(rank, world, sharded=True):
-    """Float8 blocks trained in one process, or under FSDP2 with every rank reading the
-    whole batch (so each rank's fp8 scales are the single process's)."""
-    from trainkit.parallel import FSDP
-
-    model = Blocks(features=16, width=64, depth=2)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=DataLoader(blobs(64, features=16, seed=1), batch_size=16),
-        max_duration="4ba",
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        parallelism=FSDP() if sharded else None,
-        algorithms=[Float8Training()],
-        device="cpu",
-        progress_bar=False,
-        seed=7,
-    )
-    trainer.fit()
-    assert isinstance(model.blocks[0].up, Float8Linear) and type(model.head) is nn.Linear
-    assert isinstance(model.blocks[0].up.weight, DTensor) is sharded
-    return to_bytes(full_weights(trainer.state.model))
-
-
-def test_fsdp2_shards_the_float8_layers_and_trains_like_one_process():
-    alone = _fit_blocks(0, 1, sharded=False)
-    sharded = run_ranks(_fit_blocks, 2)[0]
-    # Each rank holds half of every weight; the fp8 layers gather it whole and compute
-    # what one process computes (the averaged gradients of identical batches are exact).
-    assert max_difference(sharded, alone) < 1e-6
 
 
 def test_a_gpu_older_than_sm89_is_refused_by_name(monkeypatch):

@@ -1,7 +1,7 @@
 """A preempted run (SIGTERM, SIGINT) saves, exits with status 75 and resumes bitwise.
 
-Real signals are sent to real processes: each run is a forked child (or two forked ranks)
-that signals itself, or one rank, at a batch drawn at random (seeded by the test's id, so a
+Real signals are sent to real processes: each run is a forked child that signals itself
+at a batch drawn at random (two ranks: tests/integration/test_preemption_two_ranks.py) (seeded by the test's id, so a
 failure reproduces). The grace period is checked through its effect: a save that cannot
 finish in time is abandoned (the test's writer waits until it is), and the previous
 checkpoint stays the latest.
@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from multirank import fork_context, run_ranks
+from multirank import fork_context
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import Checkpointer, _write, list_checkpoints
 from trainkit.core import PREEMPTED_EXIT_CODE, Callback, Trainer, TrainingPreempted
@@ -124,52 +124,6 @@ def test_one_rank_preempted_at_a_random_batch_saves_exits_75_and_resumes_bitwise
     assert abandoned == "" and checkpoint == str(tmp_path / _name(batch))
     assert (tmp_path / "latest").read_text() == f"{_name(batch)}\n"
     assert torch.equal(_resumed_params(tmp_path, batch), _reference_params())
-
-
-def _ranks_preempted(rank, world, folder, batch, sig, async_save):
-    run = _trainer(
-        folder,
-        callbacks=[SignalAt(batch, sig, rank=1)],  # rank 0 is never signalled itself
-        interval="5ba",
-        async_save=async_save,
-    )
-    try:
-        run.fit()
-    except TrainingPreempted as err:
-        return err.code, err.request.signal, err.request.batch, err.request.checkpoint
-    return "not preempted"
-
-
-def _ranks_resumed(rank, world, folder):
-    resumed = _trainer(folder, interval="5ba", autoresume=True)
-    at = resumed.state.timestamp.batch
-    resumed.fit()
-    return at, flat_params(resumed.state.model)
-
-
-def _ranks_reference(rank, world):
-    run = _trainer(None)
-    run.fit()
-    return flat_params(run.state.model)
-
-
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_two_ranks_stop_after_the_same_batch_when_one_is_signalled(tmp_path, sig, async_save):
-    batch = _batch(sig, async_save, 2, last=BATCHES - 1 - LAG)
-    results = run_ranks(_ranks_preempted, 2, tmp_path, batch, sig, async_save)
-    (code0, sig0, stop0, saved0), (code1, sig1, stop1, saved1) = results
-    assert code0 == code1 == PREEMPTED_EXIT_CODE
-    assert (sig0, sig1) == ("", sig.name)  # rank 0 learnt of it from rank 1
-    assert stop0 == stop1 == batch + LAG
-    name = _name(stop0)
-    assert saved0 == saved1 == str(tmp_path / name)
-    assert (tmp_path / "latest").read_text() == f"{name}\n"
-    resumed = run_ranks(_ranks_resumed, 2, tmp_path)
-    reference = run_ranks(_ranks_reference, 2)
-    for (at, params), expected in zip(resumed, reference, strict=True):
-        assert at == stop0
-        assert torch.equal(params, expected)
 
 
 def _signal_again_while_saving(sender, folder, batch):

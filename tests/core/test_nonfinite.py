@@ -9,7 +9,6 @@ import warnings
 import pytest
 import torch
 
-from multirank import run_ranks
 from toy import blobs, loader, mlp
 from trainkit.core import Callback, NonFiniteLossError, Trainer, TrainerConfig, TrainModel
 from trainkit.core._nonfinite import LossWatch
@@ -93,23 +92,6 @@ def test_on_nonfinite_loss_must_be_a_known_choice():
         ValueError, match=r"on_nonfinite_loss='ignore' is not a choice; use 'error'"
     ):
         TrainerConfig(model=mlp(), on_nonfinite_loss="ignore")
-
-
-def _two_ranks(rank, world):
-    torch.manual_seed(0)
-    run = _trainer(BadLossAt(4, math.nan, rank=1))
-    try:
-        run.fit()
-    except NonFiniteLossError as err:
-        return err.batch, str(err), run.state.timestamp.batch
-    return None
-
-
-def test_on_two_ranks_both_stop_at_the_same_batch_when_one_sees_nan():
-    (batch0, message0, at0), (batch1, message1, at1) = run_ranks(_two_ranks, 2)
-    assert batch0 == batch1 == 4
-    assert at0 == at1  # no rank is left waiting in a collective
-    assert "is nan on another rank" in message0 and "is nan:" in message1
 
 
 def test_the_loss_watch_keeps_the_first_bad_batch():

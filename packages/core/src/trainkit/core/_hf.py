@@ -2,7 +2,7 @@
 
 transformers is imported only by `HuggingFaceModel.from_pretrained`: the wrapper itself
 only calls the model, so it works with any module that takes ``**batch`` and returns an
-output with ``loss`` and ``logits``.
+output with ``loss`` and ``logits`` (and, for evaluation by generation, has ``generate``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainkit.core import dist
 from trainkit.core._metrics import CrossEntropy, Perplexity
 from trainkit.core._model import TrainModel
 
@@ -29,6 +30,16 @@ class HuggingFaceModel(TrainModel):
     For causal language models, eval metrics default to token cross-entropy and perplexity
     on the shifted labels.
 
+    Evaluation by generation (as Composer's): an eval batch with ``"mode": "generate"``
+    holds left-padded prompts (``input_ids``, optional ``attention_mask``), the reference
+    answers under ``"answers"`` (one string, or list of accepted strings, per prompt) and
+    optionally ``"generation_kwargs"`` for ``model.generate`` (e.g. ``max_new_tokens``).
+    ``eval_forward`` then returns the decoded new text of each prompt (a list of str; needs
+    the tokenizer), and ``update_metric`` passes it with the answers to the metrics that
+    take text (``takes_text = True``, e.g. `trainkit.core.metrics.ExactMatch`, or
+    torchmetrics' text metrics). Give such an evaluator only text metrics
+    (``Evaluator(metric_names=[...])``). The pad token is the tokenizer's, else its EOS.
+
     Args:
         model: e.g. ``GPT2LMHeadModel(GPT2Config(...))``.
         tokenizer: kept for callbacks that generate text or save the run (optional).
@@ -41,6 +52,9 @@ class HuggingFaceModel(TrainModel):
             whose class name ends in ``ForCausalLM`` / ``LMHeadModel``.
         use_logits: accepted for Composer scripts; metrics always receive the logits (what
             Composer passes with ``use_logits=True``).
+        eval_generation_kwargs: defaults for ``model.generate`` in generate-mode eval
+            batches; a batch's own ``generation_kwargs`` override them key by key.
+            (Composer takes them only from the batch.)
     """
 
     def __init__(
@@ -52,6 +66,7 @@ class HuggingFaceModel(TrainModel):
         eval_metrics: Mapping[str, Any] | Sequence[Any] | None = None,
         shift_labels: bool | None = None,
         use_logits: bool = True,
+        eval_generation_kwargs: Mapping[str, Any] | None = None,
     ):
         super().__init__()
         self.model = model
@@ -67,6 +82,12 @@ class HuggingFaceModel(TrainModel):
             if eval_metrics is not None
             else {"cross_entropy": CrossEntropy(), "perplexity": Perplexity()}
         )
+        if eval_generation_kwargs is not None and not isinstance(eval_generation_kwargs, Mapping):
+            raise TypeError(
+                "eval_generation_kwargs must be a dict of model.generate arguments (e.g. "
+                f"{{'max_new_tokens': 16}}), got {type(eval_generation_kwargs).__name__}"
+            )
+        self.eval_generation_kwargs = dict(eval_generation_kwargs or {})
 
     @classmethod
     def from_pretrained(
@@ -91,7 +112,7 @@ class HuggingFaceModel(TrainModel):
             tokenizer: ``"auto"``: the folder's tokenizer when it has one; None: none; or a
                 tokenizer object to keep.
             options: passed to the wrapper (``metrics``, ``eval_metrics``,
-                ``shift_labels``, ``use_logits``).
+                ``shift_labels``, ``use_logits``, ``eval_generation_kwargs``).
         """
         import transformers  # only here: the wrapper itself never needs it
 
@@ -123,10 +144,65 @@ class HuggingFaceModel(TrainModel):
             )
         return loss
 
+    def eval_forward(self, batch: Any, outputs: Any | None = None) -> Any:
+        """The forward's outputs; for a batch with ``"mode": "generate"``, the generated text."""
+        if isinstance(batch, Mapping) and batch.get("mode") == "generate":
+            return self._generate_text(batch)
+        return outputs if outputs is not None else self(batch)
+
+    def _generate_text(self, batch: Mapping[str, Any]) -> list[str]:
+        if self.tokenizer is None:
+            raise ValueError(
+                "a batch with 'mode': 'generate' needs a tokenizer to decode the generated "
+                "tokens; pass HuggingFaceModel(model, tokenizer=...)"
+            )
+        if not callable(getattr(self.model, "generate", None)):
+            raise TypeError(
+                f"{type(self.model).__name__} has no generate(); evaluation by generation "
+                "needs a transformers generative model (e.g. a ...ForCausalLM)"
+            )
+        input_ids = batch.get("input_ids")
+        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+            raise ValueError(
+                "a generate-mode batch needs 'input_ids', the prompts as a (batch, length) "
+                f"tensor, got {type(input_ids).__name__}"
+            )
+        attention_mask = batch.get("attention_mask")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        elif not bool(attention_mask[:, -1].all()):
+            raise ValueError(
+                "generate-mode prompts must be left-padded (every row's last attention_mask "
+                "entry 1): a decoder continues from the last position; set "
+                "tokenizer.padding_side = 'left'"
+            )
+        extra = batch.get("generation_kwargs") or {}
+        if not isinstance(extra, Mapping):
+            raise TypeError(
+                f"the batch's 'generation_kwargs' must be a dict, got {type(extra).__name__}"
+            )
+        kwargs = {**self.eval_generation_kwargs, **extra}
+        if kwargs.get("pad_token_id") is None:
+            pad = getattr(self.tokenizer, "pad_token_id", None)
+            kwargs["pad_token_id"] = (
+                pad if pad is not None else getattr(self.tokenizer, "eos_token_id", None)
+            )
+        if dist.get_world_size() > 1:
+            kwargs.setdefault("synced_gpus", True)  # ranks may stop at different lengths
+        generated = self.model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, **kwargs
+        )
+        new_tokens = generated[:, input_ids.shape[1] :]
+        return list(self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+
     def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
         return copy.deepcopy(self._train_metrics if is_train else self._eval_metrics)
 
     def update_metric(self, batch: Mapping[str, Any], outputs: Any, metric: Any) -> None:
+        generate = isinstance(batch, Mapping) and batch.get("mode") == "generate"
+        if generate or _takes_text(metric):
+            self._update_text_metric(batch, outputs, metric, generate)
+            return
         logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs.logits
         labels = batch.get("labels")
         if labels is None:
@@ -137,6 +213,30 @@ class HuggingFaceModel(TrainModel):
         if self.shift_labels:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
         metric.update(logits, labels)
+
+    def _update_text_metric(
+        self, batch: Mapping[str, Any], outputs: Any, metric: Any, generate: bool
+    ) -> None:
+        name = type(metric).__name__
+        if not generate:
+            raise ValueError(
+                f"{name} compares generated text; evaluate it on batches with "
+                "'mode': 'generate' (and 'answers'), or leave it out of this evaluator "
+                "with Evaluator(metric_names=[...])"
+            )
+        if not _takes_text(metric):
+            raise ValueError(
+                f"{name} does not take text, but this batch has 'mode': 'generate' (its "
+                "outputs are generated strings); give this evaluator only text metrics, e.g. "
+                "Evaluator(metric_names=['ExactMatch']), or mark the metric takes_text = True"
+            )
+        answers = batch.get("answers")
+        if answers is None:
+            raise ValueError(
+                f"the generate-mode batch has no 'answers' (keys: {sorted(batch)}); text "
+                "metrics compare each generation with its reference answer(s)"
+            )
+        metric.update(outputs, answers)
 
     def loss_weight(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """Label tokens that count in the loss: the model's loss is a mean over them."""
@@ -182,6 +282,14 @@ def _pretrained_tokenizer(transformers: Any, path: str | os.PathLike[str]) -> An
     ):
         return None
     return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+def _takes_text(metric: Any) -> bool:
+    """Metrics that compare strings: ``takes_text = True``, or torchmetrics' text metrics."""
+    declared = getattr(metric, "takes_text", None)
+    if declared is not None:
+        return bool(declared)
+    return type(metric).__module__.startswith("torchmetrics.text")
 
 
 def _by_name(metrics: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:

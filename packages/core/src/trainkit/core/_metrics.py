@@ -7,7 +7,8 @@ all ranks, so results are the same whatever the world size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -18,6 +19,7 @@ from trainkit.core import dist
 __all__ = [
     "Accuracy",
     "CrossEntropy",
+    "ExactMatch",
     "LossMetric",
     "MaskedAccuracy",
     "Mean",
@@ -154,3 +156,54 @@ class LossMetric(Metric):
             )
         samples = len(target) if target.ndim > 0 else 1
         self._add(loss.reshape(()).double() * samples, float(samples))
+
+
+class ExactMatch(Metric):
+    """Share of generated texts equal to a reference answer, after normalising both.
+
+    ``update(preds, target)``: ``preds`` a list of strings (e.g. what `HuggingFaceModel`
+    generates for a batch with ``"mode": "generate"``), ``target`` one reference per
+    prediction: a string, or a list of accepted strings (a match with any counts).
+    Normalising collapses runs of whitespace to one space and strips the ends; with
+    ``ignore_case`` it also case-folds. Counted per sample and summed over ranks.
+
+    It declares ``takes_text = True``: `HuggingFaceModel.update_metric` passes text only
+    to metrics that do. (Composer's generation exact-match for in-context learning also
+    drops punctuation and articles and accepts a prediction that starts with the answer;
+    this one compares whole strings, so generation should end at the answer, e.g. at EOS
+    or with ``max_new_tokens``.)
+    """
+
+    takes_text = True
+
+    def __init__(self, ignore_case: bool = False) -> None:
+        super().__init__()
+        self.ignore_case = ignore_case
+
+    def _normalise(self, text: str) -> str:
+        text = re.sub(r"\s+", " ", text).strip()
+        return text.casefold() if self.ignore_case else text
+
+    def update(  # type: ignore[override]
+        self, preds: Sequence[str], target: Sequence[str | Sequence[str]]
+    ) -> None:
+        if isinstance(preds, str) or not all(isinstance(p, str) for p in preds):
+            raise TypeError(
+                f"ExactMatch expects a list of generated strings, got {type(preds).__name__}; "
+                "use it with HuggingFaceModel on batches with 'mode': 'generate'"
+            )
+        if isinstance(target, str) or len(target) != len(preds):
+            raise ValueError(
+                f"ExactMatch got {len(preds)} predictions and "
+                f"{'one string' if isinstance(target, str) else len(target)} references; "
+                "expected a list with one reference (a string or a list of strings) per prediction"
+            )
+        hits = 0
+        for pred, answers in zip(preds, target, strict=True):
+            accepted = [answers] if isinstance(answers, str) else list(answers)
+            if not all(isinstance(a, str) for a in accepted):
+                raise TypeError(
+                    f"ExactMatch references must be strings or lists of strings, got {answers!r}"
+                )
+            hits += self._normalise(pred) in {self._normalise(a) for a in accepted}
+        self._add(torch.tensor(float(hits)), float(len(preds)))

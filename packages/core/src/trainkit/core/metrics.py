@@ -46,6 +46,7 @@ ranks' data (torchmetrics syncs its states; these sum their running totals).
 from trainkit.core._metrics import (
     Accuracy,
     CrossEntropy,
+    ExactMatch,
     LossMetric,
     MaskedAccuracy,
     Mean,
@@ -56,6 +57,7 @@ from trainkit.core._metrics import (
 __all__ = [
     "Accuracy",
     "CrossEntropy",
+    "ExactMatch",
     "LossMetric",
     "MaskedAccuracy",
     "Mean",
