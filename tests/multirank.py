@@ -98,6 +98,10 @@ def _child(
         dist.init_process_group(
             "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
         )
+        # Gloo's mesh can be complete on one rank while another still reads its handshake: a
+        # test that destroys the group at once (to start its own) then breaks the slower
+        # rank's connection ("Connection closed by peer", seen on busy cores).
+        dist.barrier()
         payload = fn(rank, world_size, *args)
     except BaseException:
         status, payload = "error", traceback.format_exc()
