@@ -48,6 +48,22 @@ def test_defaults_and_overrides(tmp_path):
     assert config.components["optimizers"] is None  # the Trainer's default (AdamW)
 
 
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
+    # YAML 1.1 (PyYAML) reads 3e-4 as a string; configs and --set read it as a float.
+    path = write(tmp_path, BASE + "optimizers: {name: AdamW, lr: 3e-4, eps: 1.0E-8}\n")
+    config = load_config(path, ["optimizers.weight_decay=5e-2", "trainer.run_name=1e3x"])
+    options = config.components["optimizers"].options
+    assert options["lr"] == 3e-4 and isinstance(options["lr"], float)
+    assert options["eps"] == 1e-8 and options["weight_decay"] == 0.05
+    assert config.trainer["run_name"] == "1e3x"  # not a number: left a string
+    assert apply_overrides({}, ["a=-2E+3", "b=7", "c=1.5", "d=e5"]) == {
+        "a": -2000.0,
+        "b": 7,
+        "c": 1.5,
+        "d": "e5",
+    }
+
+
 def test_the_schema_is_the_trainer_config():
     """Sections are TrainerConfig's slots (the two loaders share `data`), plus checkpoint
     and trainer; `trainer` holds every setting field."""

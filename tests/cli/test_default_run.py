@@ -35,17 +35,45 @@ has_generate = "generate" in plugins.available("trainkit.callbacks")
 
 
 def test_cpu_preset_is_fp32_eager_with_every_idle_core():
-    plan = choose_plan("cpu", cpu_threads=3, load=0.2)
+    plan = choose_plan("cpu", cpu_threads=3, busy=0.2)
     assert plan.device == "cpu" and plan.threads == 3 and not plan.notes
     assert plan.precision == "fp32" and not plan.compile
     assert 0 < plan.budget_s < _plan.TOTAL_BUDGET_S
 
 
-@pytest.mark.parametrize(("cores", "load", "threads"), [(2, 0.6, 1), (2, 4.5, 1), (16, 3.7, 12)])
-def test_busy_cores_are_left_to_the_other_work(cores, load, threads):
-    plan = choose_plan("cpu", cpu_threads=cores, load=load)
+@pytest.mark.parametrize(("cores", "busy", "threads"), [(2, 0.6, 1), (2, 4.5, 1), (16, 3.7, 12)])
+def test_busy_cores_are_left_to_the_other_work(cores, busy, threads):
+    plan = choose_plan("cpu", cpu_threads=cores, busy=busy)
     assert plan.threads == threads
-    assert plan.notes == [f"{threads} of {cores} CPU threads: the machine is busy (load {load})"]
+    assert plan.notes == [
+        f"{threads} of {cores} CPU threads: the machine is busy ({busy:.1f} cores in use)"
+    ]
+
+
+def _stat(jiffies):
+    """A /proc/stat with a total line and one line per CPU: (busy, idle) jiffies each."""
+    lines = ["cpu  999 0 999 999 0 0 0 0 0 0"]  # the total line is ignored
+    for cpu, (busy, idle) in enumerate(jiffies):
+        lines.append(f"cpu{cpu} {busy} 0 0 {idle} 0 0 0 0 0 0")
+    return "\n".join([*lines, "intr 1 2 3", ""])
+
+
+def test_busy_cores_are_measured_on_the_cpus_this_process_may_use(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    stat.write_text(_stat([(100, 100), (100, 100), (100, 100)]))
+    # Over the sleep: CPU 0 fully busy, CPU 1 half, CPU 2 (not ours) busy but not counted.
+    later = _stat([(200, 100), (150, 150), (200, 100)])
+    monkeypatch.setattr(_plan.time, "sleep", lambda seconds: stat.write_text(later))
+    monkeypatch.setattr(_plan.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert _plan.busy_cores(2, stat=str(stat)) == pytest.approx(1.5)
+    monkeypatch.setattr(_plan.time, "sleep", lambda seconds: None)  # no time passed
+    assert _plan.busy_cores(2, stat=str(stat)) == 0.0
+
+
+def test_without_proc_stat_the_load_average_counts(tmp_path, monkeypatch):
+    monkeypatch.setattr(_plan.os, "getloadavg", lambda: (0.7, 0.0, 0.0))
+    assert _plan.busy_cores(2, stat=str(tmp_path / "missing")) == 0.7
+    assert choose_plan("cpu", cpu_threads=2).threads >= 1  # the real machine's
 
 
 def test_gpu_preset_is_larger_bf16_and_compiled():
@@ -221,6 +249,7 @@ def test_a_tiny_budget_run_ends_on_time_and_writes_the_sample(tmp_path, capsys, 
     out = capsys.readouterr().out
     assert out.startswith(TINY_CPU.describe())
     assert "budget 2 s of training" in out
+    assert "overridden with --set: data.max_bytes=60000 data.eval_bytes=4096\n" in out
     trained = next(line for line in out.splitlines() if line.startswith("trained "))
     seconds = float(trained.split(" in ")[1].removesuffix(" s"))
     assert seconds >= 1.5  # stopped by the wall-clock budget (printed rounded)

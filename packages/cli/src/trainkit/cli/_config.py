@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainkit.cli._component import OPTIMIZER_GROUP, Component, Slot, build_slot
 from trainkit.cli._overrides import apply_overrides
 from trainkit.cli._schema import (
@@ -49,6 +47,7 @@ from trainkit.cli._schema import (
     unknown_field_of_factory,
     validate_settings,
 )
+from trainkit.cli._yaml import load as load_yaml
 from trainkit.core import TrainerConfig, plugins
 from trainkit.core.config import (
     Configurable,
@@ -215,7 +214,7 @@ def load_config(
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
         if not isinstance(raw, dict):
             raise ConfigError(
                 f"{path} must hold a mapping of sections (model, data, trainer, ...), not a {type(raw).__name__}"

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from trainkit.cli._yaml import load as load_yaml
 from trainkit.core import plugins
 
 __all__ = ["convert", "main", "streaming"]
@@ -161,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         written = convert(
             args.source,
             args.out,
-            options=_pairs(args.set, "--set", yaml.safe_load),
+            options=_pairs(args.set, "--set", load_yaml),
             columns=_pairs(args.column, "--column", str) or None,
             compression=args.compression,
             size_limit=args.size_limit,

@@ -6,9 +6,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
 from trainkit.cli._schema import ConfigError
+from trainkit.cli._yaml import load as load_yaml
 
 __all__ = ["apply_overrides"]
 
@@ -36,7 +35,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
                 )
             _assign(node, part, child, item)
             node = child
-        _assign(node, parts[-1], yaml.safe_load(text) if text else "", item)
+        _assign(node, parts[-1], load_yaml(text) if text else "", item)
     return result
 
 

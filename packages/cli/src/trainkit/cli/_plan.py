@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,14 @@ from trainkit.core.config import Configurable
 if TYPE_CHECKING:
     from trainkit.core import State
 
-__all__ = ["Plan", "WarmupCosine", "WarmupCosineConfig", "choose_plan", "default_config"]
+__all__ = [
+    "Plan",
+    "WarmupCosine",
+    "WarmupCosineConfig",
+    "busy_cores",
+    "choose_plan",
+    "default_config",
+]
 
 TOTAL_BUDGET_S = 300
 PROMPT = "def "  # the sample continues it for the rest of the model's context
@@ -76,9 +84,10 @@ class Plan:
         )
 
 
-# Measured on 2 CPU cores (see the README): the 2x128 model at batch 32 x 128 trains ~3x
-# more bytes in the budget than the old 1000-batch default. Held-out bits/byte on a quiet
-# machine, one run each: lr 1.2e-3 2.51, 2e-3 2.25, 4e-3 2.39 (gzip -9: 2.20).
+# Measured on 2 idle CPU cores (see the README), 2 threads, held-out bits/byte: lr 2e-3
+# 2.00 (1436 batches), lr 3e-3 2.11 (1518 batches); gzip -9 2.20, xz -9 2.02 on the same
+# bytes. With 1 thread (what the old load-average rule chose after any recent job) lr 2e-3
+# gave 2.25 in ~900 batches.
 CPU = Plan(
     device="cpu",
     threads=2,
@@ -116,15 +125,16 @@ GPU = Plan(
 
 
 def choose_plan(
-    device: str | None = None, cpu_threads: int | None = None, load: float | None = None
+    device: str | None = None, cpu_threads: int | None = None, busy: float | None = None
 ) -> Plan:
     """The preset for ``device`` (default: CUDA when available, else the CPU).
 
-    On the CPU, torch gets the cores that other work is not already using (``cpu_threads``
-    minus the rounded 1-minute ``load`` average, at least one): on 2 cores shared with
-    other jobs, 2 OpenMP threads were measured 7x slower per step than 1 (each waits for
-    the other at every op), while on idle cores 2 are ~1.7x faster. The arguments are
-    there to choose for another machine (and for tests).
+    On the CPU, torch gets the cores that other work is not using right now:
+    ``cpu_threads`` minus the rounded number of ``busy`` cores (`busy_cores`: measured over a
+    quarter of a second), at least one. On 2 cores shared with other jobs, 2 OpenMP threads
+    were measured 7x slower per step than 1 (each waits for the other at every op), while
+    on idle cores 2 are ~1.7x faster. The arguments are there to choose for another machine
+    (and for tests).
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -135,13 +145,51 @@ def choose_plan(
             return replace(GPU, precision="amp_fp16", notes=["no bf16 on this GPU: amp_fp16"])
         return GPU
     cores = cpu_threads if cpu_threads is not None else _cpu_count()
-    if load is None:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    threads = max(1, cores - round(load))
+    if busy is None:
+        busy = busy_cores(cores)
+    threads = max(1, cores - round(busy))
     notes = []
     if threads < cores:
-        notes.append(f"{threads} of {cores} CPU threads: the machine is busy (load {load:.1f})")
+        notes.append(
+            f"{threads} of {cores} CPU threads: the machine is busy ({busy:.1f} cores in use)"
+        )
     return replace(CPU, threads=threads, notes=notes)
+
+
+def busy_cores(cores: int, seconds: float = 0.25, stat: str = "/proc/stat") -> float:
+    """How many of this process's ``cores`` other processes keep busy, from the CPU times
+    in ``stat`` over ``seconds`` (this process sleeps meanwhile), counted on the CPUs this
+    process may run on; where there is no such file, the 1-minute load average (which lags:
+    a job that ended a minute ago still counts).
+    """
+    try:
+        allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        before = _cpu_times(stat, allowed)
+        time.sleep(seconds)
+        after = _cpu_times(stat, allowed)
+    except (OSError, ValueError):
+        return min(float(cores), os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0.0
+    total, idle = after[0] - before[0], after[1] - before[1]
+    return cores * (total - idle) / total if total > 0 else 0.0
+
+
+def _cpu_times(stat: str, allowed: set[int] | None) -> tuple[int, int]:
+    """(all, idle) jiffies of the ``allowed`` CPUs (None: all), from /proc/stat's lines."""
+    total = idle = 0
+    with open(stat) as file:
+        for line in file:
+            name, *values = line.split()
+            if not name.startswith("cpu") or name == "cpu":
+                continue
+            if allowed is not None and int(name[3:]) not in allowed:
+                continue
+            # user nice system idle iowait irq softirq steal (guest time is inside user)
+            fields = [int(value) for value in values[:8]]
+            total += sum(fields)
+            idle += fields[3] + fields[4]
+    if total == 0:
+        raise ValueError(f"no per-CPU times in {stat}")
+    return total, idle
 
 
 def _cpu_count() -> int:

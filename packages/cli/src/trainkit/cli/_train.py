@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     dist.init_distributed(single_process=config.components["parallelism"] is not None)
     run_dir = config.run_dir
     if plan is not None:
-        _start_default(plan, str(config.trainer["max_duration"]))
+        _start_default(plan, str(config.trainer["max_duration"]), args.set)
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(config.to_yaml())
@@ -110,11 +111,13 @@ def _time_first_step(trainer: Trainer, started: float) -> list[float]:
     return seen
 
 
-def _start_default(plan: Plan, max_duration: str) -> None:
+def _start_default(plan: Plan, max_duration: str, overrides: Sequence[str]) -> None:
     if plan.device == "cpu":
         torch.set_num_threads(plan.threads)
     if dist.get_rank() == 0:
         print(plan.describe(max_duration), flush=True)
+        if overrides:  # the line above is the preset's: say what replaced it
+            print(f"overridden with --set: {' '.join(overrides)}", flush=True)
         for note in plan.notes:
             print(f"note: {note}", flush=True)
 
