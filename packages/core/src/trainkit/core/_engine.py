@@ -46,6 +46,7 @@ class CallbackError(RuntimeError):
 _NO_TRACES: list[Trace] = []
 # Events a loop fires before its first batch (checked when the first batch starts).
 _BEFORE_TRAINING = frozenset({Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD, Event.FIT_START})
+_BATCH_START = Event.BATCH_START
 
 
 def _name(obj: object) -> str:
@@ -104,10 +105,11 @@ class Engine:
             self.passes.insert(index, ordering_pass)
 
     def run_event(self, event: Event | str) -> list[Trace]:
+        # This runs ~13 times per batch, mostly for events nobody listens to: keep it lean.
         if event.__class__ is not Event:
             event = Event(event)
         self.fired.add(event)
-        if event is Event.BATCH_START and not self._checked_setup:
+        if not self._checked_setup and event is _BATCH_START:
             self._checked_setup = True
             self.check_required_events(_BEFORE_TRAINING)
         state = self.state

@@ -79,10 +79,13 @@ class FitGuard:
         Raises `NonFiniteLossError` once any rank's loss was not finite (with
         ``on_nonfinite_loss="error"``), on every rank at the same batch.
         """
-        assert self.vote is not None, "after_batch runs inside running()"
+        vote = self.vote
+        assert vote is not None, "after_batch runs inside running()"
         if loss is not None:
             self.losses.update(loss, state.timestamp.batch)
-        return self._act(state, self.vote.vote(self._flags(wait=False)))
+        if vote.world == 1 and not self.watch.received and self.losses.first() is None:
+            return False  # alone, with nothing to act on: this runs every batch
+        return self._act(state, vote.vote(self._flags(wait=False)))
 
     def finish(self, state: State) -> None:
         """After the last batch (collective): the last votes, waiting for the device once."""

@@ -168,7 +168,7 @@ def finish_batch(
     if max_duration is not None and max_duration.unit == TimeUnit.SECOND:
         duration = _slowest_rank(state, duration)
     state.timestamp = state.timestamp.to_next_batch(clock.samples, clock.tokens, duration)
-    if state.step_schedulers_every_batch:
+    if state.step_schedulers_every_batch and state.schedulers:
         scheduler_step(state)
     if loss is not None:
         engine.logger.log_metrics({"loss/train/total": loss})

@@ -61,12 +61,12 @@ class LossWatch:
         """Record ``loss`` (a 0-d tensor) as batch ``batch``'s; no host sync."""
         if self._known is not None:
             return
-        loss = loss.detach()
         if loss.device.type == "cpu":
             value = loss.item()  # host memory: reading it waits for nothing
             if not math.isfinite(value):
                 self._known = (batch, value)
             return
+        loss = loss.detach()
         if self._first is None:
             self._first = torch.full((), _NONE, dtype=torch.int64, device=loss.device)
             self._value = torch.zeros((), dtype=torch.float32, device=loss.device)

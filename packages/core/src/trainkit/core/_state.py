@@ -165,7 +165,12 @@ class State:
         return self.timestamp.get(unit) / total
 
     def is_done(self) -> bool:
-        return self.max_duration is not None and self.elapsed_fraction() >= 1.0 - 1e-12
+        duration = self.max_duration
+        if duration is None:
+            return False
+        if duration.unit is TimeUnit.BATCH:  # the common case, asked twice per batch
+            return self.timestamp.batch >= duration.value
+        return self.elapsed_fraction() >= 1.0 - 1e-12
 
     # --- saving and resuming -------------------------------------------------------------
 

@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 _SYNC = contextlib.nullcontext()  # the last microbatch synchronises: nothing to enter
+_WHOLE = (None,)  # the weight of a batch trained at once: its loss as it is
 
 
 def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
@@ -51,8 +52,12 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     assert data is not None, "run_microbatches needs state.train_data"
     model, precision = state.model, state.precision
     unwrapped = state.parallelism.unwrap(model)
-    microbatches = _split(state, batch)
-    weights = microbatch_weights(unwrapped, data, microbatches)
+    if state.device_train_microbatch_size:
+        microbatches = _split(state, batch)
+        weights = microbatch_weights(unwrapped, data, microbatches)
+    else:  # the whole batch at once (checked first: this runs every step)
+        microbatches, weights = [batch], _WHOLE
+    autocast = precision.autocast()
     engine.run_event(Event.BEFORE_TRAIN_BATCH)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
@@ -63,12 +68,13 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
         with sync:
             state.batch = microbatch
             engine.run_event(Event.BEFORE_FORWARD)
-            with precision.autocast():
+            with autocast:
                 state.outputs = model(state.batch)
             engine.run_event(Event.AFTER_FORWARD)
-            _update_train_metrics(state, unwrapped)
+            if state.train_metrics:
+                _update_train_metrics(state, unwrapped)
             engine.run_event(Event.BEFORE_LOSS)
-            with precision.autocast():
+            with autocast:
                 state.loss = unwrapped.loss(state.outputs, state.batch)
             engine.run_event(Event.AFTER_LOSS)
             if not engine.outputs_needed():
@@ -106,10 +112,9 @@ def microbatch_weights(model: nn.Module, data: Any, microbatches: list[Any]) -> 
 
 
 def _update_train_metrics(state: State, unwrapped: nn.Module) -> None:
-    if state.train_metrics:
-        with torch.no_grad():
-            for metric in state.train_metrics.values():
-                unwrapped.update_metric(state.batch, state.outputs, metric)
+    with torch.no_grad():
+        for metric in state.train_metrics.values():
+            unwrapped.update_metric(state.batch, state.outputs, metric)
 
 
 def train_batch(state: State, engine: Engine) -> torch.Tensor:

@@ -370,7 +370,7 @@ class Trainer(Configurable, config=TrainerConfig):
             optimizer_step(state)
             finish_batch(state, engine, clock, loss)
             preempted = self._guard.after_batch(state, loss)  # all ranks agree: no eval then
-            if not preempted:
+            if not preempted and self._eval_triggers:
                 self._maybe_eval(Event.BATCH_END)
             engine.run_event(Event.BATCH_CHECKPOINT)
             trained += 1

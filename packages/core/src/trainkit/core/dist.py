@@ -33,16 +33,20 @@ T = TypeVar("T")
 _REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 
+_AVAILABLE = _dist.is_available()  # a build property: fixed for the process
+
+
 def is_initialized() -> bool:
-    return _dist.is_available() and _dist.is_initialized()
+    return _AVAILABLE and _dist.is_initialized()
 
 
 def get_rank() -> int:
-    return _dist.get_rank() if is_initialized() else 0
+    return _dist.get_rank() if _AVAILABLE and _dist.is_initialized() else 0
 
 
 def get_world_size() -> int:
-    return _dist.get_world_size() if is_initialized() else 1
+    # Asked every batch (DataSpec.count_batch): no extra call when alone.
+    return _dist.get_world_size() if _AVAILABLE and _dist.is_initialized() else 1
 
 
 def get_local_rank() -> int:
