@@ -50,6 +50,17 @@ def test_busy_cores_are_left_to_the_other_work(cores, busy, threads):
     ]
 
 
+def test_ranks_on_one_machine_share_its_idle_cores(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    plan = choose_plan("cpu", cpu_threads=8, busy=2.0)
+    assert plan.threads == 3
+    assert plan.notes[-1] == "3 thread(s) per rank: 2 ranks share 6 idle cores"
+    assert choose_plan("cpu", cpu_threads=2, busy=0.0).threads == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must be an integer, got 'two'"):
+        choose_plan("cpu", cpu_threads=2, busy=0.0)
+
+
 def _stat(jiffies):
     """A /proc/stat with a total line and one line per CPU: (busy, idle) jiffies each."""
     lines = ["cpu  999 0 999 999 0 0 0 0 0 0"]  # the total line is ignored

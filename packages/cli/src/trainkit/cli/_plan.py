@@ -147,13 +147,26 @@ def choose_plan(
     cores = cpu_threads if cpu_threads is not None else _cpu_count()
     if busy is None:
         busy = busy_cores(cores)
-    threads = max(1, cores - round(busy))
+    idle = max(1, cores - round(busy))
+    # Ranks started together on this machine (torchrun's LOCAL_WORLD_SIZE) share its cores.
+    ranks = _local_ranks()
+    threads = max(1, idle // ranks)
     notes = []
-    if threads < cores:
+    if idle < cores:
         notes.append(
-            f"{threads} of {cores} CPU threads: the machine is busy ({busy:.1f} cores in use)"
+            f"{idle} of {cores} CPU threads: the machine is busy ({busy:.1f} cores in use)"
         )
+    if ranks > 1:
+        notes.append(f"{threads} thread(s) per rank: {ranks} ranks share {idle} idle cores")
     return replace(CPU, threads=threads, notes=notes)
+
+
+def _local_ranks() -> int:
+    value = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ValueError(f"LOCAL_WORLD_SIZE must be an integer, got {value!r}") from None
 
 
 def busy_cores(cores: int, seconds: float = 0.25, stat: str = "/proc/stat") -> float:

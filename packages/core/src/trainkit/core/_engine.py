@@ -108,7 +108,8 @@ class Engine:
         # This runs ~13 times per batch, mostly for events nobody listens to: keep it lean.
         if event.__class__ is not Event:
             event = Event(event)
-        self.fired.add(event)
+        if event not in self.fired:  # a membership test, not a method call, after the first
+            self.fired.add(event)
         if not self._checked_setup and event is _BATCH_START:
             self._checked_setup = True
             self.check_required_events(_BEFORE_TRAINING)

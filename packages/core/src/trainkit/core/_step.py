@@ -20,6 +20,7 @@ from trainkit.core import dist
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._metrics import Metric
+from trainkit.core._precision import _NO_AUTOCAST
 from trainkit.core._state import Evaluator, State
 
 __all__ = [
@@ -68,14 +69,20 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
         with sync:
             state.batch = microbatch
             engine.run_event(Event.BEFORE_FORWARD)
-            with autocast:
+            if autocast is _NO_AUTOCAST:  # fp32: no context to enter (this runs every step)
                 state.outputs = model(state.batch)
+            else:
+                with autocast:
+                    state.outputs = model(state.batch)
             engine.run_event(Event.AFTER_FORWARD)
             if state.train_metrics:
                 _update_train_metrics(state, unwrapped)
             engine.run_event(Event.BEFORE_LOSS)
-            with autocast:
+            if autocast is _NO_AUTOCAST:
                 state.loss = unwrapped.loss(state.outputs, state.batch)
+            else:
+                with autocast:
+                    state.loss = unwrapped.loss(state.outputs, state.batch)
             engine.run_event(Event.AFTER_LOSS)
             if not engine.outputs_needed():
                 state.outputs = None  # not kept alive through backward and the step
