@@ -28,7 +28,7 @@ class KillAt(Callback):
 
 
 def trainer(
-    folder=None, *, callbacks=(), model=None, max_duration="3ep", **checkpointer
+    folder=None, *, callbacks=(), loggers=(), model=None, max_duration="3ep", **checkpointer
 ) -> Trainer:
     model = model or mlp(dropout=0.2)
     extra = [Checkpointer(folder=folder, **checkpointer)] if folder is not None else []
@@ -38,6 +38,7 @@ def trainer(
         optimizers=torch.optim.AdamW(model.parameters(), lr=0.01),
         max_duration=max_duration,
         callbacks=[*extra, *callbacks],
+        loggers=list(loggers),
         device_train_microbatch_size=8,
         progress_bar=False,
         device="cpu",

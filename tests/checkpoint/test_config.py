@@ -40,6 +40,7 @@ EXAMPLES = {
     "lock": False,
     "lock_wait": 30.0,
     "lease": 120.0,
+    "upload_to_loggers": True,
     # ExportOnFitEnd
     "formats": ["onnx", "hf"],
     "filename": "final",

@@ -2,6 +2,7 @@
 
 import builtins
 import json
+import shutil
 import struct
 import sys
 import time
@@ -309,3 +310,81 @@ def test_mlflow_flattens_nested_hyperparameters(tmp_path, monkeypatch):
         "seed": "3",
         "callbacks": "[]",
     }
+
+
+# --- folders (a checkpoint) as artifacts -------------------------------------------------
+
+
+def _folder_with_a_link(root):
+    """A checkpoint-like folder (nested files) plus a link out of it, which is never given."""
+    files = {".metadata": b"meta", "__0_0.distcp": b"shard" * 100, "hf/config.json": b"{}"}
+    for relative, data in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(data)
+    outside = root.parent / "outside.txt"
+    outside.write_text("not part of it")
+    (root / "link.txt").symlink_to(outside)
+    return files
+
+
+def test_wandb_upload_folder_logs_one_artifact_holding_every_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))  # staged copies
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    checkpoint, other = tmp_path / "ep1-ba4", tmp_path / "plots"
+    files = _folder_with_a_link(checkpoint)
+    other.mkdir()
+    (other / "loss.png").write_bytes(b"png")
+    logger = WandBLogger(project="trainkit-tests", dir=str(tmp_path))
+    logger.upload_folder("checkpoints/ep1-ba4", checkpoint)
+    logger.upload_folder("run/plots", other)
+    shutil.rmtree(checkpoint)  # e.g. rotated away at once: wandb holds its own copies
+    logger.close()
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    records = _finished_wandb_records(run_file)
+    artifacts = {
+        r.artifact.name: r.artifact for r in records if r.WhichOneof("record_type") == "artifact"
+    }
+    assert sorted(artifacts) == ["checkpoints_ep1-ba4", "run_plots"]  # one per folder
+    model = artifacts["checkpoints_ep1-ba4"]
+    assert model.type == "model" and artifacts["run_plots"].type == "file"
+    entries = {entry.path: entry for entry in model.manifest.contents}
+    assert sorted(entries) == sorted(files)  # the link is not among them
+    for relative, data in files.items():
+        assert entries[relative].size == len(data)
+        assert Path(entries[relative].local_path).read_bytes() == data
+    (png,) = artifacts["run_plots"].manifest.contents
+    assert png.path == "loss.png" and Path(png.local_path).read_bytes() == b"png"
+
+
+def test_mlflow_upload_folder_puts_the_files_under_the_name(tmp_path, monkeypatch):
+    from urllib.parse import urlsplit
+    from urllib.request import url2pathname
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    plain, linked = tmp_path / "ep1-ba4", tmp_path / "ep2-ba8"
+    files = _folder_with_a_link(linked)
+    for relative, data in files.items():
+        (plain / relative).parent.mkdir(parents=True, exist_ok=True)
+        (plain / relative).write_bytes(data)
+    logger = MLflowLogger(tracking_uri=uri)
+    logger.upload_folder("checkpoints/ep1-ba4", plain)  # one log_artifacts call
+    logger.upload_folder("checkpoints/ep2-ba8", linked)  # file by file, the link left out
+    run_id = logger.run_id
+    logger.close()
+
+    run = MlflowClient(uri).get_run(run_id)
+    root = Path(url2pathname(urlsplit(run.info.artifact_uri).path))
+    for name in ("ep1-ba4", "ep2-ba8"):
+        stored = root / "checkpoints" / name
+        found = {
+            p.relative_to(stored).as_posix(): p.read_bytes()
+            for p in stored.rglob("*")
+            if p.is_file()
+        }
+        assert found == files, name

@@ -8,6 +8,9 @@ When ``fit`` is preempted (``state.preemption`` is set at ``BATCH_CHECKPOINT``),
 there whatever the interval, waits until the save is published (an asynchronous one too),
 and abandons it at the request's deadline (the grace period); when ``fit`` raises
 (``FIT_ABORTED``), it publishes the save in flight and lets go of the folder at once.
+
+With ``upload_to_loggers``, rank 0 gives each published checkpoint's folder to the run's
+`Logger` (kept from the events, which carry it) before rotating old ones away.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
         self._cancel: Cancel | None = None
         self._give_up_reason = ""  # set when a preemption's grace period is over
         self._last_name = ""
+        self._logger: Logger | None = None  # the run's, for upload_to_loggers
 
     def _open_folder(self, folder: str) -> Storage:
         self.storage = open_storage(folder, self.config.storage_options)
@@ -122,6 +126,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
     # --- loading ---------------------------------------------------------------------------
 
     def before_load(self, state: State, logger: Logger) -> None:
+        self._logger = logger
         config = self.config
         if config.folder is not None:
             self._storage_for(state)
@@ -248,6 +253,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
     # --- saving ----------------------------------------------------------------------------
 
     def fit_start(self, state: State, logger: Logger) -> None:
+        self._logger = logger
         saves, config = self.config.folder is not None, self.config
         if saves and config.lock and config.lock_wait == 0:
             on_rank0(lambda: self._refuse_if_held(state))  # another run's folder: say so first
@@ -363,7 +369,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
         self._cancel = Cancel()
         if self._give_up_reason:  # the grace period ended before this save began
             self._cancel.set(self._give_up_reason)
-        self.pending = save_to(
+        pending = save_to(
             storage,
             name,
             state,
@@ -376,11 +382,13 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             cancel=self._cancel,
         )
         self.saved_at = (state.timestamp.epoch, state.timestamp.batch)
-        if not self.config.async_save:
-            self._rotate()
+        if self.config.async_save:
+            self.pending = pending  # published (and handed on) when it is awaited
+        else:
+            self._published(pending)
             if not self._fitting:
                 self._let_go()
-        return self.pending
+        return pending
 
     def _clear_interrupted_saves(self) -> None:
         # What saves of an earlier, interrupted run left behind (this run holds the folder,
@@ -402,11 +410,32 @@ class Checkpointer(Callback, config=CheckpointerConfig):
         if self.pending is not None:
             pending, self.pending = self.pending, None
             try:
-                pending.wait()
-                self._rotate()
+                self._published(pending)
             finally:
                 if not self._fitting:
                     self._let_go()
+
+    def _published(self, pending: PendingSave) -> None:
+        """After ``pending`` is published (`wait` raises if it failed or was abandoned):
+        give it to the loggers, then delete old checkpoints."""
+        published = pending.wait()
+        if self.config.upload_to_loggers and dist.get_rank() == 0 and published is not None:
+            self._upload(Path(published))
+        self._rotate()
+
+    def _upload(self, folder: Path) -> None:
+        """Rank 0: give the checkpoint ``folder`` to every logger destination (a
+        destination's failure is a warning from the `Logger`; training goes on)."""
+        if self._logger is None:
+            warnings.warn(
+                f"upload_to_loggers: {folder} was saved outside a run (no Logger yet), so it "
+                "was not given to any logger destination",
+                stacklevel=3,
+            )
+            return
+        # overwrite: a checkpoint saved again under its name (overwrite=True, or a resumed
+        # run redoing lost progress) replaced the old one, so its artifact does too.
+        self._logger.upload_folder(f"checkpoints/{folder.name}", folder, overwrite=True)
 
     def _rotate(self) -> None:
         """Rank 0: delete this run's own checkpoints but the newest ``keep``."""

@@ -12,6 +12,7 @@ from trainkit.checkpoint._commit import LATEST
 from trainkit.checkpoint._manifest import check_checksum
 from trainkit.checkpoint._names import check_folder_template, check_name_format
 from trainkit.checkpoint._select import check_ignore_keys, check_names
+from trainkit.checkpoint._storage import is_url
 from trainkit.core import Time
 from trainkit.core.interval import IntervalTrigger, interval_trigger
 
@@ -119,6 +120,15 @@ class CheckpointerConfig:
     local_dir: str | None = None
     """For a URL, where checkpoints are staged before upload and downloaded before loading
     (default: a folder in the system's temporary directory)."""
+    upload_to_loggers: bool = False
+    """After each checkpoint is published, rank 0 gives its folder to every logger
+    destination as the artifact ``checkpoints/<name>`` (`Logger.upload_folder`): wandb keeps
+    it as one ``"model"`` artifact, MLflow under the run's artifacts at
+    ``checkpoints/<name>/``, the others file by file. An asynchronous save is given once it
+    is published (when the Checkpointer waits for it); a save that failed or was abandoned
+    is never given. Needs a local ``folder``: checkpoints in a URL folder are already
+    remote. (Composer uploads through its loggers when one has ``log_artifacts=True``;
+    here the Checkpointer asks, and every destination receives them.)"""
 
     def __post_init__(self) -> None:
         self.folder = None if self.folder is None else _path_text(self.folder, "folder")
@@ -138,6 +148,8 @@ class CheckpointerConfig:
             )
         if self.folder is not None:
             check_folder_template(self.folder)
+        if self.upload_to_loggers:
+            _check_uploadable(self.folder)
         if self.load_path is not None:
             check_folder_template(self.load_path)
         self.ignore_keys = check_ignore_keys(self.ignore_keys)
@@ -161,3 +173,18 @@ def _path_text(value: Any, name: str) -> str:
     if isinstance(value, str | os.PathLike):
         return os.fspath(value)
     raise TypeError(f"{name} must be a path or a URL, got {type(value).__name__} {value!r}")
+
+
+def _check_uploadable(folder: str | None) -> None:
+    if folder is None:
+        raise ValueError(
+            "upload_to_loggers=True gives the checkpoints saved in folder to the loggers, and "
+            "folder is None (load only); give a local folder, e.g. 'runs/{run_name}/checkpoints'"
+        )
+    if is_url(folder):
+        raise ValueError(
+            f"upload_to_loggers=True needs a local folder, and folder {folder!r} is a URL: its "
+            "checkpoints are already remote, so there is nothing to upload. Give a local path "
+            "(e.g. 'runs/{run_name}/checkpoints') to upload to the loggers, or keep the URL "
+            "and set upload_to_loggers=False"
+        )

@@ -7,6 +7,9 @@ Run directory layout (stable)::
     <run_dir>/checkpoints/     one folder per checkpoint, plus `latest` (trainkit-checkpoint)
     <run_dir>/*.png            loss, learning-rate and throughput curves (trainkit-loggers[plot])
     <run_dir>/sample.txt       text generated at the end (the default language model)
+
+At the end, rank 0 gives config.yaml, sample.txt and the plots to every logger destination
+under the same names (``upload_file``), e.g. as wandb artifacts or MLflow run artifacts.
 """
 
 from __future__ import annotations
@@ -145,6 +148,11 @@ def _finish(
     if sample is not None:
         (run_dir / "sample.txt").write_text(sample)
         print("sample:\n" + sample, flush=True)
+    # The run's own files go to the logger destinations named as in the run folder (as the
+    # Checkpointer's checkpoints/<name>): a file logger writing there finds them in place.
+    for path in [run_dir / "config.yaml", run_dir / "sample.txt", *sorted(run_dir.glob("*.png"))]:
+        if path.is_file():
+            trainer.logger.upload_file(path.name, path, overwrite=True)
 
 
 def _compare_with_compressors(trainer: Trainer, results: dict) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -52,6 +54,30 @@ class LoggerDestination(Configurable):
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         """Copy a local file to wherever this destination keeps artifacts."""
+
+    def upload_folder(self, name: str, path: str | Path, overwrite: bool = False) -> None:
+        """Give the folder ``path`` (every regular file under it) to the destination as one
+        artifact named ``name``, e.g. a checkpoint as ``"checkpoints/ep1-ba500"``.
+
+        Default: `upload_file` for each of `folder_files`, named
+        ``"<name>/<path inside the folder>"``. Override it where the destination keeps a
+        folder as one artifact (and give it the same files).
+        """
+        for relative in self.folder_files(path):
+            self.upload_file(f"{name}/{relative}", Path(path, relative), overwrite)
+
+    @staticmethod
+    def folder_files(path: str | Path) -> list[str]:
+        """What `upload_folder` gives: the regular files under the folder ``path``, as sorted
+        ``/``-separated paths relative to it. Links (to files or folders) are skipped, so
+        nothing outside the folder is ever reached through one."""
+        found = []
+        for root, _, names in os.walk(path):  # does not descend into linked folders
+            for file_name in names:
+                full = os.path.join(root, file_name)
+                if stat.S_ISREG(os.lstat(full).st_mode):
+                    found.append(Path(os.path.relpath(full, path)).as_posix())
+        return sorted(found)
 
     def log_traces(self, traces: Mapping[str, Any], step: int) -> None:
         """Record which algorithms ran at an event (``algorithm_traces/<name>/<event>``);
@@ -141,6 +167,19 @@ class Logger:
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
         self._fan_out("upload_file", name, path, overwrite)
+
+    def upload_folder(self, name: str, path: str | Path, overwrite: bool = False) -> None:
+        """Give the folder ``path`` to every destination as the artifact ``name``.
+
+        Raises NotADirectoryError unless ``path`` is a folder (a destination's own failure
+        is reported as a warning, as for the other calls).
+        """
+        if not Path(path).is_dir():
+            raise NotADirectoryError(
+                f"upload_folder({name!r}, {str(path)!r}): {str(path)!r} is not a folder; "
+                "give a local folder, or use upload_file for one file"
+            )
+        self._fan_out("upload_folder", name, path, overwrite)
 
     def log_traces(self, traces: Mapping[str, Any], step: int | None = None) -> None:
         self._fan_out("log_traces", traces, self._step(step))

@@ -354,6 +354,8 @@ def checkpointer_from(config: Any, run_name: str) -> list[Any]:
     }
     if config.save_filename is not None:
         options["name_format"] = config.save_filename
+    if config.save_upload_to_loggers:
+        options["upload_to_loggers"] = True
     return [checkpointer_class(**options)]
 
 

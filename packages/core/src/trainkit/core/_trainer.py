@@ -148,6 +148,11 @@ class TrainerConfig:
     save_weights_only: bool = False
     """Save only the model weights (for inference or fine-tuning; such a checkpoint cannot
     resume a run)."""
+    save_upload_to_loggers: bool = False
+    """Give each checkpoint, once published, to every logger destination as the artifact
+    ``checkpoints/<name>`` (wandb: a ``"model"`` artifact; MLflow: the run's artifacts);
+    needs a local ``save_folder``. Composer does this through a logger's
+    ``log_artifacts=True``; here it is the Checkpointer's ``upload_to_loggers``."""
     load_path: str | None = None
     """Start from this checkpoint: a trainkit checkpoint folder (local or a URL), or a
     Composer ``.pt`` file (read with ``weights_only`` unpickling, never running code)."""
@@ -205,6 +210,11 @@ class TrainerConfig:
         if self.autoresume and self.save_folder is None:
             raise ValueError(
                 "autoresume=True needs save_folder: it resumes from the newest checkpoint there"
+            )
+        if self.save_upload_to_loggers and self.save_folder is None:
+            raise ValueError(
+                "save_upload_to_loggers=True needs save_folder: it uploads the checkpoints "
+                "saved there; give a local folder, e.g. 'runs/{run_name}/checkpoints'"
             )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -109,10 +110,14 @@ class FileLogger(BufferedDestination, config=FileLoggerConfig):
         self._append([json.dumps(line, default=str)])
 
     def upload_file(self, name: str, path: str | Path, overwrite: bool = False) -> None:
-        """Copy ``path`` to ``name`` inside the run's folder."""
+        """Copy ``path`` to ``name`` inside the run's folder (nothing to do when ``path`` is
+        already that file: e.g. a checkpoint saved in the run's folder, given as
+        ``checkpoints/<name>``)."""
         if not self._enabled():
             return
         target = self.path.parent / name
+        if target.exists() and os.path.samefile(target, path):
+            return
         if target.exists() and not overwrite:
             raise FileExistsError(f"{str(target)!r} exists; pass overwrite=True to replace it")
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,8 @@ class MLflowLogger(BufferedDestination, config=MLflowLoggerConfig):
     buffered and sent with ``log_batch`` every ``flush_interval`` seconds; hyperparameters
     become run parameters, nested values flattened to dotted keys
     (``algorithms.0.half_life``; values longer than MLflow's limit are cut); `upload_file`
-    logs an artifact; a table (e.g. the `Generate` callback's samples) is the JSON artifact
+    logs an artifact, `upload_folder` a folder of them (a checkpoint under
+    ``checkpoints/<name>/``); a table (e.g. the `Generate` callback's samples) is the JSON artifact
     ``tables/<name>/step<step>.json`` (``{"columns": [...], "rows": [[...], ...]}``); the
     run is marked finished on `close`. Options: `MLflowLoggerConfig`.
 
@@ -137,3 +138,17 @@ class MLflowLogger(BufferedDestination, config=MLflowLoggerConfig):
             local = Path(tmp) / target.name
             shutil.copy2(path, local)
             self.client.log_artifact(self.run_id, str(local), artifact_path=folder)
+
+    def upload_folder(self, name: str, path: str | Path, overwrite: bool = False) -> None:
+        """Log the folder ``path`` as the run's artifact folder ``name`` (a checkpoint as
+        ``checkpoints/ep1-ba500/...``), in one ``log_artifacts`` call. A folder holding
+        links is given file by file instead (MLflow would follow them), so every store gets
+        the same `folder_files`."""
+        if not self._enabled():
+            return
+        folder = Path(path)
+        if any(entry.is_symlink() for entry in folder.rglob("*")):
+            super().upload_folder(name, path, overwrite)
+            return
+        self._ensure_started()
+        self.client.log_artifacts(self.run_id, str(folder), artifact_path=name.strip("/") or None)

@@ -73,7 +73,9 @@ class WandBLogger(BufferedDestination, config=WandBLoggerConfig):
     config, nested as logged (components as ``{"name": ..., **fields}``). wandb reads its
     usual environment (``WANDB_MODE=offline``, ``WANDB_DIR``, ``WANDB_API_KEY``); ``mode``
     and ``dir`` override it. Tables (e.g. the `Generate` callback's samples) are logged
-    as ``wandb.Table`` at their step. Options: `WandBLoggerConfig`.
+    as ``wandb.Table`` at their step. `upload_file` logs a ``"file"`` artifact;
+    `upload_folder` one artifact for the whole folder (a checkpoint: a ``"model"``
+    artifact, as Composer's ``log_artifacts=True`` logs it). Options: `WandBLoggerConfig`.
 
     Raises:
         ImportError: wandb is not installed (``pip install "trainkit-loggers[wandb]"``).
@@ -147,6 +149,32 @@ class WandBLogger(BufferedDestination, config=WandBLoggerConfig):
         if not self._enabled():
             return
         self._ensure_started()
-        artifact = self._wandb.Artifact(re.sub(r"[^\w.-]", "_", name), type="file")
+        artifact = self._wandb.Artifact(_artifact_name(name), type="file")
         artifact.add_file(str(path))
         self.run.log_artifact(artifact)
+
+    def upload_folder(self, name: str, path: str | Path, overwrite: bool = False) -> None:
+        """Log the folder ``path`` as one wandb artifact named after ``name`` (``/`` and
+        other characters wandb refuses become ``_``: ``checkpoints_ep1-ba500``), holding
+        each of `folder_files` at its path inside the folder.
+
+        Its type is ``"model"`` when ``name`` starts with ``"checkpoints/"`` (what the
+        `Checkpointer`'s ``upload_to_loggers`` gives; wandb's model registry takes it),
+        else ``"file"``: decided from the name, since the `Logger` passes no type. Each
+        upload is a new version (``overwrite`` is not needed). wandb copies the files into
+        its staging folder (``WANDB_DATA_DIR``) before returning, so the folder may change
+        or be deleted afterwards (e.g. by checkpoint rotation) without harming the upload.
+        """
+        if not self._enabled():
+            return
+        self._ensure_started()
+        kind = "model" if name.startswith("checkpoints/") else "file"
+        artifact = self._wandb.Artifact(_artifact_name(name), type=kind)
+        for relative in self.folder_files(path):
+            artifact.add_file(str(Path(path, relative)), name=relative)
+        self.run.log_artifact(artifact)
+
+
+def _artifact_name(name: str) -> str:
+    # wandb accepts letters, digits, "_", "-" and "." in artifact names.
+    return re.sub(r"[^\w.-]", "_", name)
