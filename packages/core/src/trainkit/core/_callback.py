@@ -107,12 +107,8 @@ class Callback(Configurable):
     """Events the loop must fire for this callback to work (see `Algorithm`)."""
 
     needs_outputs: ClassVar[bool] = False
-    """Set True if it reads ``state.outputs`` after AFTER_LOSS (at BEFORE_BACKWARD,
-    AFTER_BACKWARD, AFTER_TRAIN_BATCH, BATCH_END, ...). The loop drops the model's training
-    outputs once the loss exists and the train metrics are updated, so they are not kept
-    alive through backward and the optimizer step; while a registered component declares
-    this, they are kept until the next forward (Composer keeps them unless its
-    ``FreeOutputs`` callback is added)."""
+    """Set True if it reads ``state.outputs`` after AFTER_LOSS, which the loop otherwise
+    frees then (see `Algorithm.needs_outputs`)."""
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         """Call the method named after ``event``; override to handle every event in one place."""
