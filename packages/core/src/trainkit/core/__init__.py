@@ -19,7 +19,8 @@ from trainkit.core._precision import Device, MixedPrecision, Precision
 from trainkit.core._preemption import PREEMPTED_EXIT_CODE, PreemptionRequest, TrainingPreempted
 from trainkit.core._state import Evaluator, State
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
-from trainkit.core._trainer import Trainer, TrainerConfig
+from trainkit.core._trainer import Trainer
+from trainkit.core._trainer_config import TrainerConfig
 from trainkit.core.config import Configurable
 from trainkit.core.schedulers import (
     ConstantScheduler,
