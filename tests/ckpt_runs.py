@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 
+import pytest
 import torch
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
@@ -43,6 +44,15 @@ def trainer(
         progress_bar=False,
         device="cpu",
         seed=11,
+    )
+
+
+def takes_over_the_dead_run():
+    """Expect the run resumed after a SIGKILL to take the folder's lock over from the
+    killed run (which never let go of it), with a warning that says so."""
+    return pytest.warns(
+        UserWarning,
+        match=r"took over the lock of run '[^']+' \(pid (\d+) on host .*\): process \1 is dead$",
     )
 
 

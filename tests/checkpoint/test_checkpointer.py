@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from ckpt_runs import KillAt, in_child, trainer
+from ckpt_runs import KillAt, in_child, takes_over_the_dead_run, trainer
 from toy import flat_params
 from trainkit.checkpoint import Checkpointer, list_checkpoints
 
@@ -60,7 +60,8 @@ def test_resume_after_kill_9_is_bitwise_equal(shared_store, tmp_path, async_save
 
     resumed = trainer(store.url, **options)
     assert resumed.state.timestamp.batch == (12 if published else 8)
-    resumed.fit()
+    with takes_over_the_dead_run():
+        resumed.fit()
     assert torch.equal(flat_params(resumed.state.model), uninterrupted())
     assert store.read("latest").decode().strip() == "ep3-ba24"
     assert not [key for key in store.objects() if key.endswith(".incomplete")]  # cleared

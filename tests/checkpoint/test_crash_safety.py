@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-from ckpt_runs import in_child, trainer
+from ckpt_runs import in_child, takes_over_the_dead_run, trainer
 from toy import flat_params
 from trainkit.checkpoint import (
     CheckpointError,
@@ -52,7 +52,8 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path, point):
     resumed = trainer(tmp_path, interval="4ba", max_duration="8ba", autoresume=True)
     assert resumed.state.timestamp.batch in {4, 8}
     # The next save clears what the interrupted one left behind.
-    resumed.fit(duration="4ba")
+    with takes_over_the_dead_run():
+        resumed.fit(duration="4ba")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 

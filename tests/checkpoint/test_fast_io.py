@@ -2,6 +2,8 @@
 straight into the state, host buffers reused by asynchronous saves, abandoned saves."""
 
 import json
+import threading
+import warnings
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from trainkit.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from trainkit.checkpoint._common import single_process_is_intended
 from trainkit.checkpoint._manifest import hash_file
 from trainkit.checkpoint._save import save_to
 from trainkit.checkpoint._storage import LocalStorage
@@ -123,3 +126,27 @@ def test_checkpointer_abandon_gives_up_the_save_in_flight(tmp_path, monkeypatch,
         run.fit()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ep0-ba2"]
     assert (tmp_path / "latest").read_text() == "ep0-ba2\n"
+
+
+def test_dcps_single_process_warning_is_filtered_also_in_its_background_thread():
+    # An async save's write goes on in DCP's thread after save_checkpoint has returned, so
+    # a context-local filter cannot cover it (whether it does depends on timing).
+    message = "torch.distributed is disabled, unavailable or uninitialized, assuming ..."
+
+    def warn_from_a_thread():
+        thread = threading.Thread(target=lambda: warnings.warn(message, stacklevel=1))
+        thread.start(), thread.join()
+        warnings.warn("another warning", stacklevel=1)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with single_process_is_intended(background=True):
+            pass
+        warn_from_a_thread()
+    assert [str(w.message) for w in caught] == ["another warning"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with single_process_is_intended():  # a synchronous call: filtered inside only
+            pass
+        warn_from_a_thread()
+    assert [str(w.message) for w in caught] == [message, "another warning"]

@@ -13,7 +13,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from ckpt_runs import in_child, trainer
+from ckpt_runs import in_child, takes_over_the_dead_run, trainer
 from multirank import run_ranks
 from toy import flat_params
 from trainkit.checkpoint import (
@@ -186,7 +186,8 @@ def test_kill_during_save_leaves_the_previous_checkpoint(shared_remote, tmp_path
     resumed = trainer(url, interval="4ba", max_duration="12ba", autoresume=True,
                       storage_options=remote.options, local_dir=tmp_path)  # fmt: skip
     assert resumed.state.timestamp.batch == 4  # what latest names, when it is complete
-    resumed.fit()
+    with takes_over_the_dead_run():
+        resumed.fit()
     reference = trainer(max_duration="12ba")
     reference.fit()
     assert torch.equal(flat_params(resumed.state.model), flat_params(reference.state.model))

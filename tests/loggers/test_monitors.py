@@ -152,7 +152,10 @@ def test_nan_monitor_read_later_still_names_the_first_bad_batch():
         duration="3ep",
         on_nonfinite_loss="warn",
     )
-    with pytest.raises(CallbackError, match="nan at batch 2 \\(epoch 0, batch 2 of the epoch\\)"):
+    with (
+        pytest.warns(RuntimeWarning, match=r"loss of batch 2 \(counted from 1\) is nan; training"),
+        pytest.raises(CallbackError, match="nan at batch 2 \\(epoch 0, batch 2 of the epoch\\)"),
+    ):
         trainer.fit()
     assert trainer.state.timestamp.batch == 4
 

@@ -77,11 +77,20 @@ def is_node_leader() -> bool:
     return hosts.index(hosts[rank]) == rank
 
 
+_SINGLE_PROCESS_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+
+
 @contextlib.contextmanager
-def single_process_is_intended() -> Iterator[None]:
-    # DCP warns on every call without a process group; one process is a supported layout.
+def single_process_is_intended(*, background: bool = False) -> Iterator[None]:
+    """DCP warns on every call without a process group; one process is a supported layout.
+
+    ``background``: the call goes on in DCP's own thread (an async save), after this
+    context has ended, so the warning is filtered for the process instead, once, and only
+    when no process group is running (this message, nothing else)."""
+    if background and not dist.is_initialized():
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING, category=UserWarning)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
         yield
 
 

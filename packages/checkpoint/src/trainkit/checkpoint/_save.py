@@ -265,7 +265,7 @@ class _Job:
                 commit.clean_up()
 
         host = _staging_for(state)
-        with single_process_is_intended(), plain_errors(f"saving {self.published}"):
+        with single_process_is_intended(background=True), plain_errors(f"saving {self.published}"):
             future: Future[Any] = dcp.async_save(
                 state_dict,
                 storage_writer=self.writer,

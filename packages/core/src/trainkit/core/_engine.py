@@ -285,7 +285,9 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        if Event.BATCH_START in self.fired:  # an eval- or predict-only use needs no training events
+        # An eval- or predict-only use needs no training events; a fit that raised fired
+        # FIT_ABORTED instead of FIT_END: the loop is not at fault, so no warning then either.
+        if Event.BATCH_START in self.fired and Event.FIT_ABORTED not in self.fired:
             self.check_required_events()
         state, logger = self.state, self.logger
         unique = {id(c): c for c in [*state.callbacks, *logger.destinations]}
