@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from step_time import _Null
+from step_time import null_setup
 
-from trainkit.core import Event, Trainer
+from trainkit.core import Event
 from trainkit.core import _trainer as trainer_module
 from trainkit.core._loop import start_batch
 
@@ -54,20 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     steps = args.steps
-    batches = [(torch.zeros(64, 1),)] * steps
-
-    raw_model = _Null()
-    raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.1)
-    model = _Null()
-    trainer = Trainer(
-        model=model,
-        train_dataloader=batches,
-        max_duration=None,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        device="cpu",
-        seed=0,
-        progress_bar=False,
-    )
+    batches, raw_model, raw_optimizer, trainer = null_setup(steps)
     state, engine, guard = trainer.state, trainer.engine, trainer._guard
 
     spent: collections.Counter = collections.Counter()

@@ -21,7 +21,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -175,16 +175,12 @@ class _Null(nn.Module):
         return outputs * outputs
 
 
-def fixed_overhead(steps: int, repeats: int) -> float:
-    """Per-step seconds the Trainer adds to a loop doing the same work on a null model.
-
-    Wall-clock ratios between two model instances carry ~10% noise here; with nothing
-    to compute, the difference is the loop's own Python, and the minimum over repeats
-    is its cost without interference.
-    """
+def null_setup(steps: int) -> tuple[list[Any], _Null, torch.optim.Optimizer, Trainer]:
+    """``steps`` batches, a null model with its SGD for the hand-written loop, and a Trainer
+    over another null model (no loggers, no progress bar), for one run of ``steps`` batches
+    per ``fit(duration=...)``."""
     batches = [(torch.zeros(64, 1),)] * steps
     raw_model, model = _Null(), _Null()
-    raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.1)
     trainer = Trainer(
         model=model,
         train_dataloader=batches,
@@ -194,6 +190,17 @@ def fixed_overhead(steps: int, repeats: int) -> float:
         seed=0,
         progress_bar=False,
     )
+    return batches, raw_model, torch.optim.SGD(raw_model.parameters(), lr=0.1), trainer
+
+
+def fixed_overhead(steps: int, repeats: int) -> float:
+    """Per-step seconds the Trainer adds to a loop doing the same work on a null model.
+
+    Wall-clock ratios between two model instances carry ~10% noise here; with nothing
+    to compute, the difference is the loop's own Python, and the minimum over repeats
+    is its cost without interference.
+    """
+    batches, raw_model, raw_optimizer, trainer = null_setup(steps)
 
     def raw_loop() -> None:
         for batch in batches:
