@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from multirank import fork_context
 from toy import blobs, loader, mlp
-from trainkit.checkpoint import Checkpointer
+from trainkit.checkpoint import Checkpointer, _write
 from trainkit.core import Callback, ParallelStrategy, Trainer, dist
 
 
@@ -56,6 +56,19 @@ def takes_over_the_dead_run():
     )
 
 
+def abandon_while_writing(monkeypatch, checkpointer, name="ep0-ba4"):
+    """Make ``checkpointer`` abandon the save of ``name`` while its shards are being written
+    (as when a preemption's grace period runs out meanwhile)."""
+    write = _write._DigestingStream.write
+
+    def write_then_give_up(stream, data):
+        if name in str(stream.path):
+            checkpointer.abandon("preempted")
+        return write(stream, data)
+
+    monkeypatch.setattr(_write._DigestingStream, "write", write_then_give_up)
+
+
 def in_child(fn, *args) -> int:
     """Run ``fn(*args)`` in a forked process; return its exit code (-9 when SIGKILLed)."""
 
@@ -93,16 +106,21 @@ class Shard(ParallelStrategy):
         return model
 
 
-def sharded_trainer(world: int, sharded: bool = True) -> Trainer:
-    """A run whose data is split over ``world`` ranks, sharded with FSDP2 unless told not to."""
+def sharded_trainer(
+    world: int, sharded: bool = True, *, callbacks=(), max_duration="3ba", **kwargs
+) -> Trainer:
+    """A run whose data is split over ``world`` ranks, sharded with FSDP2 unless told not to,
+    with ``callbacks`` (a Checkpointer, ...) and the Trainer's other ``kwargs``."""
     data = blobs(128)
     sampler = DistributedSampler(data, shuffle=False) if world > 1 else None
     return Trainer(
         model=mlp(dropout=0.0, hidden=24),
         train_dataloader=DataLoader(data, batch_size=8, sampler=sampler),
-        max_duration="3ba",
+        max_duration=max_duration,
         parallelism=Shard() if sharded else None,
+        callbacks=list(callbacks),
         progress_bar=False,
         device="cpu",
         seed=2,
+        **kwargs,
     )

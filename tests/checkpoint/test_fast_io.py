@@ -9,12 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from ckpt_runs import trainer
+from ckpt_runs import abandon_while_writing, trainer
 from toy import flat_params
 from trainkit.checkpoint import (
     Checkpointer,
     SaveAbandoned,
-    _write,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
@@ -113,14 +112,7 @@ def test_an_abandoned_save_publishes_nothing(tmp_path, async_save):
 @pytest.mark.parametrize("async_save", [False, True])
 def test_checkpointer_abandon_gives_up_the_save_in_flight(tmp_path, monkeypatch, async_save):
     checkpointer = Checkpointer(folder=tmp_path, interval="2ba", async_save=async_save)
-    write = _write._DigestingStream.write
-
-    def write_then_give_up(stream, data):
-        if "ep0-ba4" in str(stream.path):  # e.g. the grace period ran out meanwhile
-            checkpointer.abandon("preempted")
-        return write(stream, data)
-
-    monkeypatch.setattr(_write._DigestingStream, "write", write_then_give_up)
+    abandon_while_writing(monkeypatch, checkpointer)
     run = trainer(max_duration="4ba", callbacks=[checkpointer])
     with pytest.raises(Exception, match=r"ep0-ba4.* was abandoned \(preempted\)"):
         run.fit()

@@ -279,24 +279,10 @@ def test_a_lock_file_deleted_while_waiting_for_it_is_not_written_to(tmp_path):
 
 
 def _two_ranks(rank, world, folder):
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    from ckpt_runs import Shard
-    from toy import blobs, mlp
+    from ckpt_runs import sharded_trainer
     from trainkit.checkpoint import Checkpointer
-    from trainkit.core import Trainer
 
-    data = blobs(64)
-    run = Trainer(
-        model=mlp(dropout=0.0),
-        train_dataloader=DataLoader(data, batch_size=8, sampler=DistributedSampler(data)),
-        max_duration="3ba",
-        parallelism=Shard(),
-        callbacks=[Checkpointer(folder=folder, interval="1ba")],
-        progress_bar=False,
-        device="cpu",
-        seed=3,
-    )
+    run = sharded_trainer(world, callbacks=[Checkpointer(folder=folder, interval="1ba")])
     try:
         run.fit()
     except Exception as err:

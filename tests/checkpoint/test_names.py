@@ -5,9 +5,8 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
 
-from ckpt_runs import Shard, trainer
+from ckpt_runs import sharded_trainer, trainer
 from multirank import run_ranks
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import Checkpointer, CheckpointerConfig, list_checkpoints
@@ -96,23 +95,10 @@ def test_a_run_name_that_cannot_name_a_folder_fails_before_training(tmp_path):
 
 
 def _save_on_ranks(rank, world, folder):
-    data = blobs(64)
-    run = Trainer(
-        model=mlp(dropout=0.0, hidden=24),
-        train_dataloader=DataLoader(data, batch_size=8, sampler=DistributedSampler(data)),
-        max_duration="2ba",
-        parallelism=Shard(),
-        callbacks=[
-            # Wall-clock seconds differ between ranks; the folder they write must not.
-            Checkpointer(
-                folder=folder, interval="1ba", name_format="ba{batch}-t{batch_wct}-rank{rank}"
-            )
-        ],
-        run_name="shared",
-        progress_bar=False,
-        device="cpu",
-        seed=2,
-    )
+    # Wall-clock seconds differ between ranks; the folder they write must not.
+    name_format = "ba{batch}-t{batch_wct}-rank{rank}"
+    checkpointer = Checkpointer(folder=folder, interval="1ba", name_format=name_format)
+    run = sharded_trainer(world, callbacks=[checkpointer], max_duration="2ba", run_name="shared")
     run.fit()
     return run.state.timestamp.batch
 

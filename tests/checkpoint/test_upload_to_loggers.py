@@ -8,13 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
 
-from ckpt_runs import Shard, trainer
+from ckpt_runs import abandon_while_writing, sharded_trainer, trainer
 from multirank import run_ranks
-from toy import blobs, mlp
-from trainkit.checkpoint import Checkpointer, CheckpointerConfig, _write, list_checkpoints
-from trainkit.core import LoggerDestination, Trainer
+from trainkit.checkpoint import Checkpointer, CheckpointerConfig, list_checkpoints
+from trainkit.core import LoggerDestination
 
 
 class Recorder(LoggerDestination):
@@ -105,14 +103,7 @@ def test_an_abandoned_save_is_never_given(tmp_path, monkeypatch, async_save):
     checkpointer = Checkpointer(
         folder=tmp_path, interval="2ba", async_save=async_save, upload_to_loggers=True
     )
-    write = _write._DigestingStream.write
-
-    def write_then_give_up(stream, data):
-        if "ep0-ba4" in str(stream.path):  # e.g. the grace period ran out meanwhile
-            checkpointer.abandon("preempted")
-        return write(stream, data)
-
-    monkeypatch.setattr(_write._DigestingStream, "write", write_then_give_up)
+    abandon_while_writing(monkeypatch, checkpointer)
     recorder = Recorder()
     run = trainer(max_duration="4ba", callbacks=[checkpointer], loggers=[recorder])
     with pytest.raises(Exception, match=r"ep0-ba4.* was abandoned \(preempted\)"):
@@ -147,18 +138,8 @@ def test_a_url_folder_or_no_folder_is_refused():
 
 def _two_ranks(rank, world, folder):
     recorder = Recorder()
-    data = blobs(64)
-    run = Trainer(
-        model=mlp(dropout=0.0, hidden=24),
-        train_dataloader=DataLoader(data, batch_size=8, sampler=DistributedSampler(data)),
-        max_duration="2ba",
-        parallelism=Shard(),
-        callbacks=[Checkpointer(folder=folder, interval="2ba", upload_to_loggers=True)],
-        loggers=[recorder],
-        progress_bar=False,
-        device="cpu",
-        seed=2,
-    )
+    checkpointer = Checkpointer(folder=folder, interval="2ba", upload_to_loggers=True)
+    run = sharded_trainer(world, callbacks=[checkpointer], max_duration="2ba", loggers=[recorder])
     run.fit()
     run.close()
     return recorder.files
