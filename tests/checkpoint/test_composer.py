@@ -10,7 +10,6 @@ The files are built here in Composer's layout, read from Composer's save code
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import random
@@ -152,8 +151,8 @@ def test_a_composer_run_continues_exactly_where_it_stopped(composer_run, tmp_pat
     assert all(torch.equal(loaded[k], saved[k]) for k in saved)
     # Wall-clock times pass through Composer's timedelta (microseconds); counts are exact.
     loaded_time, saved_time = resumed.state.timestamp, source.state.timestamp
-    assert dataclasses.replace(loaded_time, total_wct=0, epoch_wct=0, batch_wct=0) == (
-        dataclasses.replace(saved_time, total_wct=0, epoch_wct=0, batch_wct=0)
+    assert loaded_time._replace(total_wct=0, epoch_wct=0, batch_wct=0) == (
+        saved_time._replace(total_wct=0, epoch_wct=0, batch_wct=0)
     )
     assert loaded_time.total_wct == pytest.approx(saved_time.total_wct, abs=1e-6)
     assert resumed.state.timestamp.batch == 5

@@ -1,8 +1,6 @@
 """Checkpoint names: ``{rank}``, ``{run_name}`` and every `Timestamp` field; one folder per
 checkpoint whatever the rank count."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -28,7 +26,7 @@ def named_run(folder, run_name, **checkpointer):
 
 
 def test_every_timestamp_field_and_the_run_name(tmp_path):
-    fields = [f.name for f in dataclasses.fields(Timestamp)]
+    fields = Timestamp._fields
     template = "-".join(f"{{{f}}}" for f in fields if not f.endswith("_wct"))
     template += "-{total_wct:.0f}-{run_name}-r{rank}-w{world_size}"
     run = named_run(tmp_path, "exp7", name_format=template, interval="2ba")

@@ -591,3 +591,91 @@ def test_a_logger_destination_must_subclass_the_base_class():
 
     with pytest.raises(TypeError, match=r"Duck is not a LoggerDestination: subclass"):
         make_engine(destinations=[Duck()])
+
+
+class Recorder(Callback):
+    """Records every event it hears; with ``adds``, registers that callback at ``when``."""
+
+    def __init__(self, adds=None, when=None):
+        self.heard, self.adds, self.when = [], adds, when
+
+    def run_event(self, event, state, logger):
+        self.heard.append(event)
+        if event == self.when and self.adds not in state.callbacks:
+            state.callbacks.append(self.adds)
+
+
+BATCH = (
+    Event.BEFORE_DATALOADER,
+    Event.AFTER_DATALOADER,
+    Event.BATCH_START,
+    Event.BEFORE_TRAIN_BATCH,
+    Event.BEFORE_FORWARD,
+    Event.AFTER_FORWARD,
+    Event.BEFORE_LOSS,
+    Event.AFTER_LOSS,
+    Event.BEFORE_BACKWARD,
+    Event.AFTER_BACKWARD,
+    Event.AFTER_TRAIN_BATCH,
+    Event.BATCH_END,
+    Event.BATCH_CHECKPOINT,
+)
+
+
+def run_batch(engine):
+    for event in BATCH:
+        engine.run_event(event)
+
+
+def test_batch_events_nobody_hears_are_recorded_as_fired():
+    engine = make_engine()
+    run_batch(engine)
+    run_batch(engine)
+    assert engine.fired == set(BATCH)
+
+
+def test_a_callback_added_between_batches_hears_the_next_batch_from_batch_start():
+    engine = make_engine()
+    run_batch(engine)  # nothing listens: the batch's events are skipped from now on
+    late = Recorder()
+    engine.state.callbacks.append(late)
+    run_batch(engine)
+    assert late.heard == list(BATCH[2:])  # from BATCH_START: it re-reads what is registered
+
+
+def test_a_callback_added_by_another_hears_the_very_next_event():
+    late = Recorder()
+    adder = Recorder(adds=late, when=Event.AFTER_FORWARD)
+    engine = make_engine(callbacks=[adder])
+    run_batch(engine)
+    assert late.heard == list(BATCH[6:])
+    late.heard.clear()
+    run_batch(engine)
+    assert late.heard == list(BATCH)
+
+
+def test_an_algorithm_hears_every_batch_event_even_after_quiet_batches():
+    engine = make_engine()
+    run_batch(engine)
+    log = []
+    engine.state.algorithms.append(StepA("A", log, events=BATCH))
+    run_batch(engine)
+    assert len(log) == len(BATCH) - 2  # from BATCH_START, like a callback
+
+
+def test_a_removed_callback_hears_nothing_more_and_skipping_starts_again():
+    gone = Recorder()
+    engine = make_engine(callbacks=[gone])
+    run_batch(engine)
+    engine.state.callbacks.remove(gone)
+    run_batch(engine)
+    assert gone.heard == list(BATCH)  # the next event it listened to re-read the list
+    assert engine._quiet == set(BATCH) - {Event.BATCH_START, Event.BEFORE_TRAIN_BATCH}
+
+
+def test_event_names_as_strings_are_still_checked_and_skipped():
+    engine = make_engine()
+    engine.run_event("after_forward")
+    assert engine.run_event("after_forward") == []
+    with pytest.raises(ValueError, match="after_froward"):
+        engine.run_event("after_froward")

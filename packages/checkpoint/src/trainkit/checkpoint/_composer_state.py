@@ -267,11 +267,11 @@ def _timestamp(saved: dict[str, Any], where: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise CheckpointError(f"{where}: state/timestamp is not a Timestamp's state")
     fields = {}
-    for field in dataclasses.fields(Timestamp):
-        number = value.get(field.name, 0)
+    for name in Timestamp._fields:
+        number = value.get(name, 0)
         if isinstance(number, datetime.timedelta):
             number = number.total_seconds()
-        fields[field.name] = float(number) if field.name.endswith("_wct") else int(number)
+        fields[name] = float(number) if name.endswith("_wct") else int(number)
     return fields
 
 

@@ -7,7 +7,6 @@ formatted on rank 0 and sent to the others (wall-clock times differ between rank
 
 from __future__ import annotations
 
-import dataclasses
 import string
 from typing import Any
 
@@ -23,7 +22,7 @@ __all__ = [
     "has_fields",
 ]
 
-TIME_FIELDS = tuple(f.name for f in dataclasses.fields(Timestamp))
+TIME_FIELDS = Timestamp._fields
 _RANK_FIELDS = ("rank", "local_rank", "node_rank")
 FOLDER_FIELDS = ("run_name", *_RANK_FIELDS, "world_size")
 NAME_FIELDS = (*FOLDER_FIELDS, *TIME_FIELDS)

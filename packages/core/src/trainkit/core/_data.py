@@ -30,8 +30,13 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     if isinstance(batch, torch.Tensor):
         # Already there (CPU training): comparing devices costs a fraction of a no-op .to().
         return batch if batch.device == device else batch.to(device, non_blocking=True)
-    if type(batch) in (tuple, list):
-        return type(batch)([to_device(v, device) for v in batch])
+    if type(batch) in (tuple, list):  # tensors already there are kept without a call
+        return type(batch)(
+            [
+                v if v.__class__ is torch.Tensor and v.device == device else to_device(v, device)
+                for v in batch
+            ]
+        )
     if type(batch) is dict:
         return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
@@ -62,11 +67,11 @@ def default_num_samples(batch: Batch) -> int:
     """Samples in a batch: the size of dim 0 of its first tensor, or for packed text (a
     dict batch with ``position_ids`` beside ``input_ids``, as HF's flattening collator
     makes) the number of sequences, each starting at position 0."""
-    if (
-        type(batch) not in (tuple, list)  # the common case, without the slow ABC check
-        and isinstance(batch, Mapping)
-        and isinstance(batch.get("position_ids"), torch.Tensor)
-    ):
+    if type(batch) in (tuple, list):  # the common (inputs, targets) batch: no walk, no ABC check
+        first = batch[0] if batch else None
+        if isinstance(first, torch.Tensor) and first.ndim:
+            return first.shape[0]
+    elif isinstance(batch, Mapping) and isinstance(batch.get("position_ids"), torch.Tensor):
         positions, ids = batch["position_ids"], batch.get("input_ids")
         if isinstance(ids, torch.Tensor) and positions.shape == ids.shape:
             return int((positions == 0).sum())

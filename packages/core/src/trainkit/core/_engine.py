@@ -8,7 +8,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainkit.core._callback import ORDERS, Algorithm, call_close, call_post_close, overrides
 from trainkit.core._checks import check_algorithm, check_listener, declared_required_events
@@ -47,6 +47,23 @@ _NO_TRACES: list[Trace] = []
 # Events a loop fires before its first batch (checked when the first batch starts).
 _BEFORE_TRAINING = frozenset({Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD, Event.FIT_START})
 _BATCH_START = Event.BATCH_START
+# Events of each batch that are skipped at once while nothing listens (see run_event);
+# BATCH_START and BEFORE_TRAIN_BATCH are not: they read again what is registered.
+_IN_BATCH = frozenset(
+    {
+        Event.BEFORE_DATALOADER,
+        Event.AFTER_DATALOADER,
+        Event.BEFORE_FORWARD,
+        Event.AFTER_FORWARD,
+        Event.BEFORE_LOSS,
+        Event.AFTER_LOSS,
+        Event.BEFORE_BACKWARD,
+        Event.AFTER_BACKWARD,
+        Event.AFTER_TRAIN_BATCH,
+        Event.BATCH_END,
+        Event.BATCH_CHECKPOINT,
+    }
+)
 
 
 def _name(obj: object) -> str:
@@ -80,22 +97,22 @@ class Engine:
         self.passes: list[OrderingPass] = []
         self.history: collections.deque[Trace] = collections.deque(maxlen=history_size)
         self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
-        # The lists _listeners was built for, and their lengths: rebuilt when either changes.
-        self._listened_callbacks: list[object] | None = None
-        self._listened_destinations: list[object] | None = None
-        self._listened_sizes = (-1, -1)
+        # What the per-event caches (_listeners, _quiet, _outputs_needed) were built for:
+        # the registered lists and their lengths. Read again at every event outside a batch
+        # and after every event a component ran at; the caches are rebuilt when it changes.
+        self._registered: tuple[int, ...] = ()
+        self._registered_lists: tuple[list[Any], ...] = ()
+        self._quiet: set[Event] = set()  # in-batch events fired before that nothing listens to
         self.fired: set[Event] = set()
         self._algorithms_key: tuple[int, int] = (0, -1)
         self._ranked: list[Algorithm] = []
-        self._checked_setup = False
         self._closed = False
-        self._outputs_key: tuple[object, ...] = ()  # the lists outputs_needed was read from
         self._outputs_needed = False
         self.log_traces = False
         """Send each event's algorithm runs to the logger (``algorithm_traces/<name>/<event>``:
         the algorithm's int return value, or 1) -- the Trainer's ``log_traces``."""
         self._sync_algorithms()
-        self._listeners_for(Event.INIT)  # checks the callbacks and destinations now
+        self._check_registered()  # checks the callbacks now
 
     def register_pass(self, ordering_pass: OrderingPass, index: int = -1) -> None:
         """Add an ordering pass; ``index=-1`` appends, ``0`` runs it first."""
@@ -105,20 +122,38 @@ class Engine:
             self.passes.insert(index, ordering_pass)
 
     def run_event(self, event: Event | str) -> list[Trace]:
-        # This runs ~13 times per batch, mostly for events nobody listens to: keep it lean.
-        if event.__class__ is not Event:
-            event = Event(event)
-        if event not in self.fired:  # a membership test, not a method call, after the first
+        """Run the algorithms that match ``event``, then the callbacks and destinations that
+        listen to it; returns the algorithms' `Trace` objects.
+
+        This runs 13 times per batch, mostly for events nobody listens to. Such an event
+        (one of a batch's other than BATCH_START and BEFORE_TRAIN_BATCH) returns at once
+        once it has fired with no listener. Every other event reads again what is
+        registered, and so does the end of any event that ran a component: a component that
+        another one adds hears the very next event; one added by other code hears the
+        batch's events from the next BATCH_START (or BEFORE_TRAIN_BATCH) on.
+        """
+        if event in self._quiet:  # a str compares equal to its Event
+            return _NO_TRACES
+        return self._dispatch(event if event.__class__ is Event else Event(event))
+
+    def _dispatch(self, event: Event) -> list[Trace]:
+        if event not in self.fired:
             self.fired.add(event)
-        if not self._checked_setup and event is _BATCH_START:
-            self._checked_setup = True
-            self.check_required_events(_BEFORE_TRAINING)
+            if event is _BATCH_START:  # the first batch: were the set-up events fired?
+                self.check_required_events(_BEFORE_TRAINING)
+        self._check_registered()
         state = self.state
-        traces = self._run_algorithms(event) if state.algorithms else _NO_TRACES
-        if not state.callbacks and not self.logger.destinations:
-            return traces
-        listeners = self._listeners_for(event)  # cached per event: often none
+        if state.algorithms:  # each one's match() decides: never skipped
+            traces = self._run_algorithms(event)
+            self._check_registered()  # an algorithm may have added or removed a component
+        else:
+            traces = _NO_TRACES
+        listeners = self._listeners.get(event)
+        if listeners is None:
+            listeners = self._listeners_for(event)
         if not listeners:
+            if event in _IN_BATCH and not state.algorithms:
+                self._quiet.add(event)
             return traces
         for listener, handler in listeners:
             try:
@@ -130,7 +165,34 @@ class Engine:
                     self.logger.report_failure(listener, event.value, err)
                     continue
                 _raise_with_context(err, CallbackError, f"callback {_name(listener)}", event)
+        self._check_registered()  # a handler may have added or removed a component
         return traces
+
+    def _check_registered(self) -> None:
+        # Empties the per-event caches when the registered lists changed (replaced, or
+        # grown or shrunk in place). Runs twice per batch, so it compares one flat tuple.
+        state, destinations = self.state, self.logger.destinations
+        algorithms, callbacks = state.algorithms, state.callbacks
+        key = (
+            id(algorithms),
+            id(callbacks),
+            id(destinations),
+            len(algorithms),
+            len(callbacks),
+            len(destinations),
+        )
+        if key == self._registered:
+            return
+        self._registered = key
+        self._registered_lists = (algorithms, callbacks, destinations)  # their ids stay theirs
+        self._listeners = {}
+        self._quiet = set()
+        for callback in callbacks:
+            check_listener(callback)
+        self._outputs_needed = any(
+            getattr(component, "needs_outputs", False) is True
+            for component in [*algorithms, *callbacks, *destinations]
+        )
 
     def run_cleanup_event(self, event: Event | str) -> list[Exception]:
         """Run ``event`` for every algorithm, callback and destination even when some raise
@@ -138,6 +200,7 @@ class Engine:
         naming its culprit and the event."""
         event = Event(event)
         self.fired.add(event)
+        self._check_registered()
         errors: list[Exception] = []
         try:
             if self.state.algorithms:
@@ -184,28 +247,8 @@ class Engine:
     def outputs_needed(self) -> bool:
         """Whether a registered algorithm, callback or destination declares
         ``needs_outputs``: then the loop keeps ``state.outputs`` through backward and the
-        optimizer step, else it drops them after AFTER_LOSS. Read again when the registered
-        objects change, not per call."""
-        state, destinations = self.state, self.logger.destinations
-        algorithms, callbacks = state.algorithms, state.callbacks
-        key = self._outputs_key
-        if (
-            not key
-            or key[0] is not algorithms
-            or key[1] is not callbacks
-            or key[2] is not destinations
-            or key[3] != (len(algorithms), len(callbacks), len(destinations))
-        ):
-            self._outputs_key = (
-                algorithms,
-                callbacks,
-                destinations,
-                (len(algorithms), len(callbacks), len(destinations)),
-            )
-            self._outputs_needed = any(
-                getattr(component, "needs_outputs", False) is True
-                for component in [*algorithms, *callbacks, *destinations]
-            )
+        optimizer step, else it drops them after AFTER_LOSS. Read with the other per-event
+        caches (see `run_event`), not per call."""
         return self._outputs_needed
 
     def _is_destination_only(self, listener: object) -> bool:
@@ -229,23 +272,10 @@ class Engine:
         self._ranked = sorted(algorithms, key=lambda a: ORDERS.index(a.order))
 
     def _listeners_for(self, event: Event) -> Sequence[tuple[object, Callable[..., None]]]:
-        # Callbacks and destinations that only inherit no-ops are skipped; the lists are
-        # rebuilt only when the registered objects change, not per event.
-        callbacks, destinations = self.state.callbacks, self.logger.destinations
-        if (
-            callbacks is not self._listened_callbacks
-            or destinations is not self._listened_destinations
-            or len(callbacks) != self._listened_sizes[0]
-            or len(destinations) != self._listened_sizes[1]
-        ):
-            self._listeners = {}
-            self._listened_callbacks, self._listened_destinations = callbacks, destinations
-            self._listened_sizes = (len(callbacks), len(destinations))
+        # Callbacks and destinations that only inherit no-ops are skipped; built once per
+        # event for what is registered (_check_registered empties it when that changes).
         listeners = self._listeners.get(event)
         if listeners is None:
-            if not self._listeners:  # the registered objects changed: check them once
-                for callback in self.state.callbacks:
-                    check_listener(callback)
             unique = {id(c): c for c in [*self.state.callbacks, *self.logger.destinations]}
             listeners = [(c, _handler(c, event)) for c in unique.values() if overrides(c, event)]
             self._listeners[event] = listeners

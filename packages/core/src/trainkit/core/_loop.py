@@ -25,8 +25,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -130,8 +129,7 @@ def epoch_batches(state: State, engine: Engine) -> Iterator[Any]:
         yield state.batch
 
 
-@dataclass(frozen=True, slots=True)
-class BatchClock:
+class BatchClock(NamedTuple):
     """What `start_batch` measured, for `finish_batch`."""
 
     samples: int
@@ -165,12 +163,13 @@ def finish_batch(
     """
     duration = time.perf_counter() - clock.started
     max_duration = state.max_duration
-    if max_duration is not None and max_duration.unit == TimeUnit.SECOND:
+    if max_duration is not None and max_duration.unit is TimeUnit.SECOND:
         duration = _slowest_rank(state, duration)
-    state.timestamp = state.timestamp.to_next_batch(clock.samples, clock.tokens, duration)
+    samples, tokens, _ = clock
+    state.timestamp = state.timestamp.to_next_batch(samples, tokens, duration)
     if state.step_schedulers_every_batch and state.schedulers:
         scheduler_step(state)
-    if loss is not None:
+    if loss is not None and engine.logger.destinations:
         engine.logger.log_metrics({"loss/train/total": loss})
     if state.recompiles is not None:
         state.recompiles.batch_end(engine.logger)

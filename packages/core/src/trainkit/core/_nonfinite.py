@@ -61,7 +61,7 @@ class LossWatch:
         """Record ``loss`` (a 0-d tensor) as batch ``batch``'s; no host sync."""
         if self._known is not None:
             return
-        if loss.device.type == "cpu":
+        if loss.is_cpu:
             value = loss.item()  # host memory: reading it waits for nothing
             if not math.isfinite(value):
                 self._known = (batch, value)

@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 _SYNC = contextlib.nullcontext()  # the last microbatch synchronises: nothing to enter
-_WHOLE = (None,)  # the weight of a batch trained at once: its loss as it is
 
 
 def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
@@ -48,54 +47,71 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     (``parallelism.no_sync``) for all but the last microbatch. ``state.outputs`` is set to
     None after AFTER_LOSS unless a registered component declares ``needs_outputs``
     (`Engine.outputs_needed`), so the model's outputs are freed before backward.
+    ``state.batch`` is the whole batch again afterwards.
     """
     batch, data = state.batch, state.train_data
     assert data is not None, "run_microbatches needs state.train_data"
-    model, precision = state.model, state.precision
+    model = state.model
     unwrapped = state.parallelism.unwrap(model)
-    if state.device_train_microbatch_size:
-        microbatches = _split(state, batch)
+    microbatches = _split(state, batch) if state.device_train_microbatch_size else None
+    if microbatches is not None and len(microbatches) > 1:
         weights = microbatch_weights(unwrapped, data, microbatches)
-    else:  # the whole batch at once (checked first: this runs every step)
-        microbatches, weights = [batch], _WHOLE
-    autocast = precision.autocast()
+    else:
+        microbatches = None  # the whole batch at once: no loop (this runs every step)
+    autocast = state.precision.autocast()
     engine.run_event(Event.BEFORE_TRAIN_BATCH)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
-    total: torch.Tensor | None = None
-    last = len(microbatches) - 1
-    for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
-        sync = _SYNC if index == last else state.parallelism.no_sync(model)
-        with sync:
+    if microbatches is None:
+        total = _forward_backward(state, engine, model, unwrapped, autocast, None).detach()
+    else:
+        total = None
+        last = len(microbatches) - 1
+        for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
             state.batch = microbatch
-            engine.run_event(Event.BEFORE_FORWARD)
-            if autocast is _NO_AUTOCAST:  # fp32: no context to enter (this runs every step)
-                state.outputs = model(state.batch)
-            else:
-                with autocast:
-                    state.outputs = model(state.batch)
-            engine.run_event(Event.AFTER_FORWARD)
-            if state.train_metrics:
-                _update_train_metrics(state, unwrapped)
-            engine.run_event(Event.BEFORE_LOSS)
-            if autocast is _NO_AUTOCAST:
-                state.loss = unwrapped.loss(state.outputs, state.batch)
-            else:
-                with autocast:
-                    state.loss = unwrapped.loss(state.outputs, state.batch)
-            engine.run_event(Event.AFTER_LOSS)
-            if not engine.outputs_needed():
-                state.outputs = None  # not kept alive through backward and the step
-            engine.run_event(Event.BEFORE_BACKWARD)
-            scaled = state.loss if weight is None else state.loss * weight
-            precision.backward(scaled)
-            engine.run_event(Event.AFTER_BACKWARD)
-        total = scaled.detach() if total is None else total + scaled.detach()
+            with _SYNC if index == last else state.parallelism.no_sync(model):
+                scaled = _forward_backward(state, engine, model, unwrapped, autocast, weight)
+            total = scaled.detach() if total is None else total + scaled.detach()
+        assert total is not None
     state.batch = batch
     state.total_loss = total
     engine.run_event(Event.AFTER_TRAIN_BATCH)
-    assert total is not None
     return total
+
+
+def _forward_backward(
+    state: State,
+    engine: Engine,
+    model: nn.Module,
+    unwrapped: nn.Module,
+    autocast: contextlib.AbstractContextManager[None],
+    weight: float | None,
+) -> torch.Tensor:
+    # One microbatch (state.batch): forward, loss, backward with their events; returns the
+    # loss as weighted for the backward.
+    engine.run_event(Event.BEFORE_FORWARD)
+    if autocast is _NO_AUTOCAST:  # fp32: no context to enter (this runs every step)
+        state.outputs = model(state.batch)
+    else:
+        with autocast:
+            state.outputs = model(state.batch)
+    engine.run_event(Event.AFTER_FORWARD)
+    if state.train_metrics:
+        _update_train_metrics(state, unwrapped)
+    engine.run_event(Event.BEFORE_LOSS)
+    if autocast is _NO_AUTOCAST:
+        state.loss = unwrapped.loss(state.outputs, state.batch)
+    else:
+        with autocast:
+            state.loss = unwrapped.loss(state.outputs, state.batch)
+    engine.run_event(Event.AFTER_LOSS)
+    if not engine.outputs_needed():
+        state.outputs = None  # not kept alive through backward and the step
+    engine.run_event(Event.BEFORE_BACKWARD)
+    scaled = state.loss if weight is None else state.loss * weight
+    state.precision.backward(scaled)
+    engine.run_event(Event.AFTER_BACKWARD)
+    return scaled
 
 
 def _split(state: State, batch: Any) -> list[Any]:

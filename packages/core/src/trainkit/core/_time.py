@@ -6,7 +6,7 @@ import dataclasses
 import math
 import re
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 __all__ = ["Time", "TimeUnit", "Timestamp", "ensure_time"]
 
@@ -302,11 +302,12 @@ def ensure_time(value: Time | str | int, what: str = "duration") -> Time:
     )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Timestamp:
+class Timestamp(NamedTuple):
     """Where the run is. Immutable: the loop replaces it with `to_next_batch` / `to_next_epoch`.
 
     Sample and token counts are global (summed over ranks); wall-clock times are seconds.
+    A named tuple, so that the loop makes a new one per batch at the cost of one tuple
+    (a frozen dataclass costs ten attribute sets); ``Timestamp._fields`` names the fields.
     """
 
     epoch: int = 0
@@ -346,23 +347,25 @@ class Timestamp:
         raise ValueError(f"unknown time unit {unit!r}; use one of {[u.value for u in TimeUnit]}")
 
     def to_next_batch(self, samples: int, tokens: int = 0, duration: float = 0.0) -> Timestamp:
-        # Built directly rather than with dataclasses.replace: this runs every step.
-        return Timestamp(
-            self.epoch,
-            self.batch + 1,
-            self.sample + samples,
-            self.token + tokens,
-            self.batch_in_epoch + 1,
-            self.sample_in_epoch + samples,
-            self.token_in_epoch + tokens,
-            self.total_wct + duration,
-            self.epoch_wct + duration,
-            duration,
+        epoch, batch, sample, token, in_epoch, sample_in_epoch, token_in_epoch, total, wct, _ = self
+        return tuple.__new__(
+            Timestamp,
+            (
+                epoch,
+                batch + 1,
+                sample + samples,
+                token + tokens,
+                in_epoch + 1,
+                sample_in_epoch + samples,
+                token_in_epoch + tokens,
+                total + duration,
+                wct + duration,
+                duration,
+            ),
         )
 
     def to_next_epoch(self) -> Timestamp:
-        return dataclasses.replace(
-            self,
+        return self._replace(
             epoch=self.epoch + 1,
             batch_in_epoch=0,
             sample_in_epoch=0,
@@ -371,11 +374,11 @@ class Timestamp:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self._asdict()
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Timestamp:
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = set(cls._fields)
         unknown = set(state) - fields
         if unknown:
             raise ValueError(

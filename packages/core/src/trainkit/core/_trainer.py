@@ -188,14 +188,14 @@ class Trainer(Configurable, config=TrainerConfig):
                 guard.stop_preempted(state)
 
     def _train_epoch(self) -> None:
-        state, engine = self.state, self.engine
+        state, engine, guard = self.state, self.engine, self._guard
         trained = 0
         for batch in epoch_batches(state, engine):
             clock = start_batch(state, engine, batch)
             loss = train_batch(state, engine)
             optimizer_step(state)
             finish_batch(state, engine, clock, loss)
-            preempted = self._guard.after_batch(state, loss)  # all ranks agree: no eval then
+            preempted = guard.after_batch(state, loss)  # all ranks agree: no eval then
             if not preempted and self._eval_triggers:
                 self._maybe_eval(Event.BATCH_END)
             engine.run_event(Event.BATCH_CHECKPOINT)
