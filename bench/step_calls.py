@@ -1,19 +1,27 @@
-"""Python function calls per training step: Trainer vs a hand-written loop.
+"""Python function calls and bytecodes per training step: Trainer vs a hand-written loop.
 
 A deterministic companion to step_time.py: wall-clock ratios on a shared machine scatter
-widely, call counts do not. Both loops train the same tiny MLP on the same data.
+widely, counts do not. Both loops train the same tiny MLP on the same data; then both run
+the null model of step_time.py (nothing to compute), where the Trainer's extra bytecodes
+are the whole of its per-step Python, listed by function.
 
-    uv run python bench/step_calls.py [--steps 200]
+    uv run python bench/step_calls.py [--steps 200] [--top 12]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import cProfile
 import pstats
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import torch
+from step_time import null_setup
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -21,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainkit.core import Classifier, Trainer
 
 
-def calls(fn) -> int:
+def calls(fn: Callable[[], None]) -> int:
     profile = cProfile.Profile()
     profile.enable()
     fn()
@@ -29,13 +37,51 @@ def calls(fn) -> int:
     return pstats.Stats(profile).total_calls
 
 
+def bytecodes(fn: Callable[[], None]) -> collections.Counter:
+    """Bytecodes executed by ``fn()``, per function (``file:line name``)."""
+    counts: collections.Counter = collections.Counter()
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts[
+                f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno} {code.co_name}"
+            ] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return counts
+
+
+def compare(
+    label: str, raw: Callable[[], None], trainkit: Callable[[], None], steps: int
+) -> tuple[collections.Counter, collections.Counter]:
+    raw(), trainkit()  # warm-up
+    raw_calls, tk_calls = calls(raw) / steps, calls(trainkit) / steps
+    raw_ops, tk_ops = bytecodes(raw), bytecodes(trainkit)
+    raw_total, tk_total = sum(raw_ops.values()) / steps, sum(tk_ops.values()) / steps
+    print(
+        f"{label}: Python calls per step raw {raw_calls:.0f}, Trainer {tk_calls:.0f} "
+        f"(+{tk_calls - raw_calls:.0f}); bytecodes per step raw {raw_total:.0f}, "
+        f"Trainer {tk_total:.0f} (+{tk_total - raw_total:.0f}, {tk_total / raw_total:.2f}x)"
+    )
+    return tk_ops, raw_ops
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--top", type=int, default=12, help="functions listed for the null model")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(args.steps * 64, 32), torch.randint(0, 10, (args.steps * 64,)))
+    steps = args.steps
+    data = TensorDataset(torch.randn(steps * 64, 32), torch.randint(0, 10, (steps * 64,)))
     raw = nn.Sequential(
         nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
     )
@@ -58,14 +104,24 @@ def main() -> None:
             F.cross_entropy(raw(inputs), targets).backward()
             raw_optimizer.step()
 
-    def trainkit_epoch() -> None:
-        trainer.fit(duration=f"{args.steps}ba")
+    compare("MLP", raw_epoch, lambda: trainer.fit(duration=f"{steps}ba"), steps)
 
-    raw_epoch(), trainkit_epoch()  # warm-up
-    raw_calls, tk_calls = calls(raw_epoch) / args.steps, calls(trainkit_epoch) / args.steps
-    print(
-        f"Python calls per step: raw loop {raw_calls:.0f}, Trainer {tk_calls:.0f} (+{tk_calls - raw_calls:.0f}, {tk_calls / raw_calls:.2f}x)"
+    batches, null_model, null_optimizer, null_trainer = null_setup(steps)
+
+    def null_loop() -> None:
+        for batch in batches:
+            null_optimizer.zero_grad(set_to_none=True)
+            null_model.loss(null_model(batch), batch).backward()
+            null_optimizer.step()
+
+    tk_ops, raw_ops = compare(
+        "null model", null_loop, lambda: null_trainer.fit(duration=f"{steps}ba"), steps
     )
+    extra = collections.Counter(tk_ops)
+    extra.subtract(raw_ops)
+    print(f"null model: the Trainer's extra bytecodes per step, by function (top {args.top}):")
+    for name, count in extra.most_common(args.top):
+        print(f"  {count / steps:7.1f}  {name}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200, help="batches per repeat (one epoch)")
     parser.add_argument("--repeats", type=int, default=15, help="timed repeats of each loop")
+    parser.add_argument(
+        "--null-repeats", type=int, default=60, help="timed repeats of the null-model loops"
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -154,10 +157,11 @@ def main() -> None:
         f"{cpu:.3f} cpu (target <= {TARGET_RATIO}: {verdict})"
     )
     raw_step = statistics.median(s.cpu for s in times["raw"])
-    overhead = fixed_overhead(args.steps, args.repeats)
+    overhead, noise = fixed_overhead(args.steps, args.null_repeats)
     print(
-        f"fixed overhead of the Trainer (null model, min of {args.repeats}): {overhead * 1e6:+.1f} us/step "
-        f"= {1 + overhead / raw_step:.3f} x the MLP's raw step (target <= {TARGET_RATIO})"
+        f"fixed overhead of the Trainer (null model, median of {args.null_repeats} paired repeats): "
+        f"{overhead * 1e6:+.1f} us/step = {1 + overhead / raw_step:.3f} x the MLP's raw step "
+        f"(target <= {TARGET_RATIO}); a second hand-written loop measures {noise * 1e6:+.1f} us/step"
     )
 
 
@@ -193,28 +197,49 @@ def null_setup(steps: int) -> tuple[list[Any], _Null, torch.optim.Optimizer, Tra
     return batches, raw_model, torch.optim.SGD(raw_model.parameters(), lr=0.1), trainer
 
 
-def fixed_overhead(steps: int, repeats: int) -> float:
-    """Per-step seconds the Trainer adds to a loop doing the same work on a null model.
+def fixed_overhead(steps: int, repeats: int) -> tuple[float, float]:
+    """Per-step seconds the Trainer adds to a loop doing the same work on a null model, and
+    the same figure for a second hand-written loop (what this machine's noise alone gives).
 
-    Wall-clock ratios between two model instances carry ~10% noise here; with nothing
-    to compute, the difference is the loop's own Python, and the minimum over repeats
-    is its cost without interference.
+    With nothing to compute, the difference is the loops' own Python. The three loops run in
+    turn (rotating which goes first), ``repeats`` times, each for ``steps`` batches (one
+    ``fit`` for the Trainer, so its per-fit cost is spread over them); each figure is the
+    median over the repeats of the paired per-step difference in CPU time.
     """
     batches, raw_model, raw_optimizer, trainer = null_setup(steps)
+    other_model = _Null()
+    other_optimizer = torch.optim.SGD(other_model.parameters(), lr=0.1)
 
-    def raw_loop() -> None:
-        for batch in batches:
-            raw_optimizer.zero_grad(set_to_none=True)
-            raw_model.loss(raw_model(batch), batch).backward()
-            raw_optimizer.step()
+    def hand_written(model: _Null, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+        def loop() -> None:
+            for batch in batches:
+                optimizer.zero_grad(set_to_none=True)
+                model.loss(model(batch), batch).backward()
+                optimizer.step()
+
+        return loop
 
     def trainkit_loop() -> None:
         trainer.fit(duration=f"{steps}ba")
 
-    raw_loop(), trainkit_loop()
-    raw = min(timed(raw_loop, steps).cpu for _ in range(repeats))
-    tk = min(timed(trainkit_loop, steps).cpu for _ in range(repeats))
-    return tk - raw
+    loops = {
+        "raw": hand_written(raw_model, raw_optimizer),
+        "raw again": hand_written(other_model, other_optimizer),
+        "trainkit": trainkit_loop,
+    }
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    for loop in loops.values():
+        loop()  # warm-up
+    names = list(loops)
+    for repeat in range(repeats):
+        for name in names[repeat % 3 :] + names[: repeat % 3]:
+            times[name].append(timed(loops[name], steps).cpu)
+    trainer.close()
+
+    def extra(name: str) -> float:
+        return statistics.median(t - r for t, r in zip(times[name], times["raw"], strict=True))
+
+    return extra("trainkit"), extra("raw again")
 
 
 if __name__ == "__main__":
