@@ -9,8 +9,9 @@ loops' own work). Three views, in one run:
   the hand-written loop's zero_grad + forward + loss + backward and its optimizer step;
 - **alone**: the Trainer's own bookkeeping functions in a tight `timeit` loop (warm caches),
   which is what their Python costs by itself;
-- the difference between the two says how much of the overhead is the Trainer's Python
-  and how much is the same torch calls running slower inside a larger loop.
+- the two differ: alone, a function runs in a tight loop with everything it touches warm.
+  `step_calls.py` counts the work itself (bytecodes per step), which under cachegrind
+  accounts for the time `step_time.py` measures.
 
     uv run python bench/step_breakdown.py [--steps 400] [--repeats 15]
 """

@@ -679,3 +679,15 @@ def test_event_names_as_strings_are_still_checked_and_skipped():
     assert engine.run_event("after_forward") == []
     with pytest.raises(ValueError, match="after_froward"):
         engine.run_event("after_froward")
+
+
+def test_a_callback_swapped_in_while_nothing_was_registered_is_the_one_that_hears():
+    first, second = Recorder(), Recorder()
+    engine = make_engine(callbacks=[first])
+    run_batch(engine)
+    engine.state.callbacks.remove(first)
+    run_batch(engine)  # nothing registered: same list, same length as before once refilled
+    engine.state.callbacks.append(second)
+    run_batch(engine)
+    assert first.heard == list(BATCH)
+    assert second.heard == list(BATCH[2:])

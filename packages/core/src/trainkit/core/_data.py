@@ -177,6 +177,7 @@ class DataSpec:
         self.split_batch = split_batch or default_split_batch
         self.device_transfer = device_transfer or to_device
         self.sum_counts = sum_counts
+        self._world: int | None = None  # read by iter_epoch: groups do not change mid-epoch
         self._custom_counts = custom_counts
         self._chosen_position = position
         self.position: DataPosition = ReplayPosition()
@@ -216,6 +217,7 @@ class DataSpec:
     def iter_epoch(self, epoch: int, batches_done: int = 0) -> Iterator[Batch]:
         """Iterate epoch ``epoch`` starting after its first ``batches_done`` batches."""
         self._length = _UNKNOWN  # the data may have changed between epochs
+        self._world = dist.get_world_size()
         if self._live is not None:
             live_epoch, yielded, iterator = self._live
             if batches_done and (live_epoch, yielded[0]) == (epoch, batches_done):
@@ -235,7 +237,7 @@ class DataSpec:
         """
         samples = self.get_num_samples_in_batch(batch)
         tokens = self.get_num_tokens_in_batch(batch)
-        world = dist.get_world_size()
+        world = self._world or dist.get_world_size()
         if world == 1:
             return samples * data_parallel_size, tokens * data_parallel_size
         if self.sum_counts is None:

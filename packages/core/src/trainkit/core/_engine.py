@@ -141,8 +141,14 @@ class Engine:
             self.fired.add(event)
             if event is _BATCH_START:  # the first batch: were the set-up events fired?
                 self.check_required_events(_BEFORE_TRAINING)
-        self._check_registered()
         state = self.state
+        if not state.algorithms and not state.callbacks and not self.logger.destinations:
+            self._registered = ()  # nothing to listen: whatever comes next is read afresh
+            self._outputs_needed = False
+            if event in _IN_BATCH:
+                self._quiet.add(event)
+            return _NO_TRACES
+        self._check_registered()
         if state.algorithms:  # each one's match() decides: never skipped
             traces = self._run_algorithms(event)
             self._check_registered()  # an algorithm may have added or removed a component
