@@ -98,8 +98,8 @@ class Engine:
         self.history: collections.deque[Trace] = collections.deque(maxlen=history_size)
         self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
         # What the per-event caches (_listeners, _quiet, _outputs_needed) were built for:
-        # the registered lists and their lengths. Read again at every event outside a batch
-        # and after every event a component ran at; the caches are rebuilt when it changes.
+        # the registered lists and their lengths. Read again at every event that is not
+        # skipped and after every component that ran; the caches are rebuilt when it changes.
         self._registered: tuple[int, ...] = ()
         self._registered_lists: tuple[list[Any], ...] = ()
         self._quiet: set[Event] = set()  # in-batch events fired before that nothing listens to
