@@ -48,14 +48,15 @@ def _trainer(folder, *, callbacks=(), grace=120.0, signals=None, **checkpointer)
 
 
 class SignalAt(Callback):
-    """Sends ``sig`` to this process at the end of batch ``batch`` (on ``rank`` only)."""
+    """Sends ``sig`` to this thread at the end of batch ``batch`` (on ``rank`` only); the
+    handler has run before ``raise_signal`` returns (see tests/core/test_preemption.py)."""
 
     def __init__(self, batch, sig, rank=None):
         self.batch, self.sig, self.rank = batch, sig, rank
 
     def batch_end(self, state, logger):
         if state.timestamp.batch == self.batch and self.rank in (None, state.rank):
-            os.kill(os.getpid(), self.sig)
+            signal.raise_signal(self.sig)
 
 
 def _child(fn, *args):
@@ -133,8 +134,8 @@ def _signal_again_while_saving(sender, folder, batch):
     def write_and_signal(stream, data):
         if f"ba{batch}" in str(stream.path) and not sent:
             sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)  # mid-save: must change nothing
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)  # mid-save: must change nothing
+            signal.raise_signal(signal.SIGINT)
         return write(stream, data)
 
     _write._DigestingStream.write = write_and_signal

@@ -6,7 +6,6 @@ tests/checkpoint/test_preemption.py, with real signals to real processes.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 
@@ -37,12 +36,17 @@ def _trainer(callbacks=(), **options) -> Trainer:
 
 
 class SignalAt(Callback):
+    """Signals this thread at the end of batch ``batch``; its Python handler has run (or
+    raised) before ``raise_signal`` returns. ``os.kill(os.getpid(), ...)`` would signal the
+    process: any of its threads may take the signal, and under load the main thread may
+    only run the handler batches later (or after ``fit`` returned)."""
+
     def __init__(self, batch, sig=signal.SIGTERM):
         self.batch, self.sig = batch, sig
 
     def batch_end(self, state, logger):
         if state.timestamp.batch == self.batch:
-            os.kill(os.getpid(), self.sig)
+            signal.raise_signal(self.sig)
 
 
 class Events(Callback):
