@@ -14,6 +14,7 @@ from toy import flat_params
 from trainkit.checkpoint import (
     Checkpointer,
     SaveAbandoned,
+    _save,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
@@ -89,6 +90,56 @@ def test_async_saves_of_one_state_never_tear_each_other(tmp_path):
         fresh = trainer()
         load_checkpoint(fresh.state, tmp_path / name)
         assert torch.equal(flat_params(fresh.state.model), expected), name
+
+
+def test_where_a_stager_stages_once_each_async_save_gets_a_fresh_one(tmp_path, monkeypatch):
+    # torch 2.11's DefaultStager empties its copier after one stage; the next one failed
+    # with KeyError: <class 'type'> before each save got its own stager there.
+    monkeypatch.setattr(_save, "stager_is_reusable", lambda: False)
+    run = trainer(max_duration="2ba")
+    run.fit()
+    save_checkpoint(run.state, tmp_path / "first", async_save=True).wait()
+    first_stager = _save._staging[run.state].stager
+    with torch.no_grad():
+        for p in run.state.model.parameters():
+            p.add_(1.0)
+    save_checkpoint(run.state, tmp_path / "second", async_save=True).wait()
+    assert _save._staging[run.state].stager is not first_stager
+    fresh = trainer()
+    load_checkpoint(fresh.state, tmp_path / "second")
+    assert torch.equal(flat_params(fresh.state.model), flat_params(run.state.model))
+
+
+class StagesOnce:
+    """A stager that, like torch 2.11's, closes its copier at the end of each stage."""
+
+    def __init__(self, options):
+        self.closed = False
+
+    def stage(self, state_dict):
+        if self.closed:
+            raise KeyError(type)
+        self.closed = "stage closes" in self.behaviour
+        return state_dict
+
+    def close(self):
+        self.closed = True
+
+    behaviour = "stage closes"
+
+
+class StagesAgain(StagesOnce):
+    behaviour = "stage keeps it open"
+
+
+@pytest.mark.parametrize(("stager", "reusable"), [(StagesOnce, False), (StagesAgain, True)])
+def test_the_reuse_probe_tells_whether_a_stager_stages_twice(monkeypatch, stager, reusable):
+    monkeypatch.setattr(_save, "DefaultStager", stager)
+    _save.stager_is_reusable.cache_clear()
+    try:
+        assert _save.stager_is_reusable() is reusable
+    finally:
+        _save.stager_is_reusable.cache_clear()
 
 
 @pytest.mark.parametrize("async_save", [False, True])

@@ -7,11 +7,13 @@ written last, ``latest``) are in `_commit`.
 An asynchronous save copies the state into host memory (pinned when CUDA is available) and
 returns; the copy's buffers are kept for the next save of the same `State` (so only the
 first save allocates them), and the write, the upload and the commit run in a background
-thread.
+thread. (On a torch whose stager cannot stage twice, torch 2.11's, each save gets a fresh
+stager and buffers: see `stager_is_reusable`.)
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -55,28 +57,52 @@ class _Staging:
     """Host buffers an asynchronous save copies a `State` into, reused by its next save."""
 
     def __init__(self) -> None:
-        cuda = torch.cuda.is_available()
-        options = StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=cuda,
-        )
-        self.stager = DefaultStager(options)
+        self.stager = DefaultStager(_host_options(cuda=torch.cuda.is_available()))
         self.in_flight: PendingSave | None = None
+
+
+def _host_options(cuda: bool) -> StagingOptions:
+    """Staging into this process's memory, pinned (and copied without blocking) on CUDA."""
+    return StagingOptions(
+        use_pinned_memory=cuda,
+        use_shared_memory=False,
+        use_async_staging=False,
+        use_non_blocking_copy=cuda,
+    )
 
 
 _staging: WeakIdKeyDictionary = WeakIdKeyDictionary()  # State -> _Staging
 
 
+@functools.cache
+def stager_is_reusable() -> bool:
+    """Whether one `DefaultStager` stages more than once on this torch.
+
+    torch 2.11's closes its deep-copier at the end of every stage (emptying its dispatch
+    table), so the next stage fails with ``KeyError: <class 'type'>``; later releases keep
+    it for the stager's life. Found by staging a small dict twice (once per process).
+    """
+    stager = DefaultStager(_host_options(cuda=False))
+    try:
+        for _ in range(2):
+            stager.stage({"probe": torch.zeros(1)})
+    except KeyError:
+        return False
+    finally:
+        stager.close()
+    return True
+
+
 def _staging_for(state: State) -> _Staging:
     staging = _staging.get(state)
-    if staging is None:
-        staging = _staging[state] = _Staging()
-    if staging.in_flight is not None:
+    if staging is not None and staging.in_flight is not None:
         # Its buffers are still being written: copying the state into them now would tear
         # the checkpoint in flight. (The Checkpointer waits before saving anyway.)
         staging.in_flight._done.wait()
+    if staging is None or not stager_is_reusable():
+        if staging is not None:
+            staging.stager.close()
+        staging = _staging[state] = _Staging()
     return staging
 
 
