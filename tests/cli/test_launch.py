@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def launch(tmp_path, exit_code):
+def launch(tmp_path, exit_code, **env):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     return subprocess.run(
@@ -40,6 +40,7 @@ def launch(tmp_path, exit_code):
             "OMP_NUM_THREADS": "1",
             "PATH": "/usr/bin:/bin",
             "CUDA_VISIBLE_DEVICES": "",  # gloo on CPU, GPU or not (docs/testing.md)
+            **env,
         },
     )
 
@@ -50,6 +51,15 @@ def test_two_ranks_with_prefixed_output(tmp_path):
     out = result.stdout + result.stderr
     assert "[rank0]: rank 0 of 2 sum 3" in out
     assert "[rank1]: rank 1 of 2 sum 3" in out
+
+
+def test_a_line_prefix_the_user_set_for_torchrun_wins(tmp_path):
+    # The prefix goes through torchrun's environment variable (torch 2.11's torchrun has no
+    # --log-line-prefix-template option): one the user exported is kept.
+    result = launch(tmp_path, 0, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="<${rank}> ")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout + result.stderr
+    assert "<1> rank 1 of 2 sum 3" in out and "[rank1]" not in out
 
 
 def test_a_failing_rank_fails_the_launch(tmp_path):

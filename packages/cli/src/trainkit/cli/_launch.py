@@ -10,9 +10,15 @@ saved a checkpoint, and the run resumes from it when launched again with autores
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-__all__ = ["add_parser", "run", "torchrun_args"]
+__all__ = ["LINE_PREFIX", "add_parser", "run", "torchrun_args"]
+
+# Each line a rank prints starts with its global rank. Set through torchrun's environment
+# variable, which every torch release with this feature reads (the command-line option
+# came later: torch 2.11's torchrun passes an unknown option on to the ranks' Python).
+LINE_PREFIX = ("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -59,7 +65,6 @@ def torchrun_args(args: argparse.Namespace) -> list[str]:
         f"--nnodes={args.nnodes}",
         f"--max-restarts={args.max_restarts}",
         "--tee=3",
-        "--log-line-prefix-template=[rank${rank}]: ",
     ]
     if args.nnodes == 1 and not args.master_addr:
         command.append("--standalone")
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from trainkit.core import PREEMPTED_EXIT_CODE
 
     command = torchrun_args(args)
+    os.environ.setdefault(*LINE_PREFIX)  # a template the user set wins
     try:
         torchrun(command)
     except SignalException as err:
