@@ -4,6 +4,7 @@ fp8 are refused with what to do instead. Runs on CPU (torchao emulates the fp8 c
 tests/algorithms/test_gpu_float8.py runs it on a GPU, and
 tests/integration/test_float8_with_siblings.py with checkpoints and FSDP2."""
 
+import functools
 import importlib.util
 
 import pytest
@@ -125,7 +126,8 @@ def test_training_a_tiny_transformer_lowers_the_loss(recipe):
     model = TinyTransformer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = Losses()
-    trainer = Trainer(
+    make = functools.partial(
+        Trainer,
         model=model,
         optimizers=optimizer,
         train_dataloader=DataLoader(TensorDataset(tokens, tokens), batch_size=16, shuffle=True),
@@ -137,6 +139,13 @@ def test_training_a_tiny_transformer_lowers_the_loss(recipe):
         device="cpu",
         seed=0,
     )
+    if recipe == "rowwise" and not float8_module._cpu_rowwise_scales():
+        # A torch whose CPU fp8 matmul takes per-tensor scales only (2.11): refused at INIT.
+        with pytest.raises(RuntimeError, match="'rowwise' recipe on CPU"):
+            make()
+        assert type(model.block.linear1) is nn.Linear
+        return
+    trainer = make()
     assert isinstance(model.block.linear1, Float8Linear)
     assert not isinstance(model.block.self_attn.out_proj, Float8Linear)
     assert type(model.head) is nn.Linear
@@ -202,6 +211,29 @@ def test_a_gpu_older_than_sm89_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     check_float8_device("cuda:0")  # Hopper passes
     check_float8_device("cpu")
+
+
+def test_rowwise_on_a_cpu_without_rowwise_scales_is_refused_before_any_change(monkeypatch):
+    # torch 2.11's CPU _scaled_mm takes one scale per tensor: training stopped at the first
+    # forward with "INTERNAL ASSERT FAILED ... please report a bug to PyTorch".
+    monkeypatch.setattr(float8_module, "_cpu_rowwise_scales", lambda: False)
+    model = net()
+    with pytest.raises(RuntimeError, match=r"'rowwise' recipe on CPU.*recipe='tensorwise'"):
+        apply_float8_training(model, recipe="rowwise", device="cpu")
+    assert type(model[0]) is nn.Linear
+    apply_float8_training(model, recipe="tensorwise", device="cpu")  # tensorwise still runs
+    assert isinstance(model[0], Float8Linear)
+
+
+def test_the_rowwise_probe_agrees_with_a_rowwise_cpu_matmul():
+    float8_module._cpu_rowwise_scales.cache_clear()
+    a = torch.ones(16, 16, dtype=torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.full((1, 16), 2.0))
+        works = True
+    except RuntimeError:
+        works = False
+    assert float8_module._cpu_rowwise_scales() is works
 
 
 def test_missing_torchao_names_the_extra_when_built(monkeypatch):

@@ -29,6 +29,7 @@ modules; trainkit converts layers with torchao, the library PyTorch maintains fo
 from __future__ import annotations
 
 import fnmatch
+import functools
 import importlib.util
 import warnings
 from dataclasses import dataclass, field
@@ -89,10 +90,19 @@ def _require_torchao() -> None:
         raise ImportError(INSTALL_HINT)
 
 
-def check_float8_device(device: torch.device | str) -> None:
-    """Raise if ``device`` is a CUDA GPU without fp8 tensor cores (compute capability < 8.9)."""
+def check_float8_device(device: torch.device | str, recipe: str = "tensorwise") -> None:
+    """Raise if ``device`` cannot train with float8 ``recipe``: a CUDA GPU without fp8
+    tensor cores (compute capability < 8.9), or, for "rowwise", a CPU whose torch emulates
+    only per-tensor scales."""
     device = torch.device(device)
     if device.type != "cuda":
+        if recipe == "rowwise" and not _cpu_rowwise_scales():
+            raise RuntimeError(
+                f"Float8Training's 'rowwise' recipe on CPU needs a torch whose CPU fp8 matmul "
+                f"(torch._scaled_mm) takes row-wise scales; torch {torch.__version__}'s takes "
+                "one scale per tensor only. On CPU use recipe='tensorwise' (the emulation is "
+                "for testing), or train 'rowwise' on a CUDA GPU of SM 8.9+"
+            )
         return  # CPU: torchao emulates the fp8 casts
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
@@ -104,6 +114,20 @@ def check_float8_device(device: torch.device | str) -> None:
             f"but cuda:{index} is {name} (SM {major}.{minor}); on this GPU train with "
             "precision='amp_bf16' and without Float8Training"
         )
+
+
+@functools.cache
+def _cpu_rowwise_scales() -> bool:
+    """Whether this torch's CPU ``_scaled_mm`` takes one scale per row (torch 2.11's
+    refuses with an internal assert; later releases take them). Tried once, on 16x16."""
+    a = torch.ones(16, 16, dtype=torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(
+            a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.float32
+        )
+    except RuntimeError:
+        return False
+    return True
 
 
 def _output_head(model: nn.Module) -> nn.Module | None:
@@ -164,7 +188,7 @@ def apply_float8_training(
     if device is None:
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
-    check_float8_device(device)
+    check_float8_device(device, config.recipe)
     optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else optimizers
     optimizers = list(optimizers or [])
     check_surgery_allowed(optimizers, "float8_training")
