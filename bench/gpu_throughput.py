@@ -23,6 +23,11 @@ embedding counts once, as the output head). Peak memory is
     uv run python bench/gpu_throughput.py                          # GPT-2 small, seq 1024, batch 16
     uv run python bench/gpu_throughput.py --seq 512 --batch 8 --variants eager,trainer
     uv run python bench/gpu_throughput.py --tiny                   # CPU smoke run (~2-3 min)
+    uv run python bench/gpu_throughput.py --repeats 3 --variants eager,trainer
+
+``--repeats`` runs the variants in interleaved rounds and reports each one's median tokens/s
+(and the largest peak memory); each finished variant is printed, and written to ``--json``,
+as it ends, so a run cut short keeps what it measured.
 
 Targets (issue 14): Trainer >= 0.99 of eager, >= 0.98 of compiled, FSDP >= 0.99 of FSDP2 by
 hand, and peak memory <= the hand-written loop's + 1%.
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--precision", default=None, choices=("amp_bf16", "fp32"), help="amp_bf16 on CUDA"
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's bf16 peak")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds over the variants (median reported)"
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -80,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {VARIANTS}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     return args
 
 
@@ -351,7 +362,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
     ok = {r["variant"]: r for r in results if "error" not in r}
     device = next((r["device"] for r in ok.values()), "?")
     peak = peak_flops(device, args.peak_tflops)
-    print(f"device {device}; seq {args.seq}, batch {args.batch}, {args.steps} timed steps")
+    rounds = f"; median of {args.repeats} rounds" if args.repeats > 1 else ""
+    print(f"device {device}; seq {args.seq}, batch {args.batch}, {args.steps} timed steps{rounds}")
     print(f"{'variant':16s} {'tokens/s':>11s} {'MFU':>6s} {'peak GB':>8s} {'loss':>7s}")
     for r in results:
         if "error" in r:
@@ -359,7 +371,11 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
             continue
         mfu = f"{6 * r['params'] * r['tokens_per_s'] / peak:6.1%}" if peak else "   n/a"
         memory = f"{r['peak_bytes'] / 1e9:8.2f}" if r["peak_bytes"] is not None else "     n/a"
-        print(f"{r['variant']:16s} {r['tokens_per_s']:11.1f} {mfu} {memory} {r['loss']:7.3f}")
+        spread = r.get("rounds", [])
+        spread = f"  ({spread[0]:.1f}-{spread[-1]:.1f})" if len(spread) > 1 else ""
+        print(
+            f"{r['variant']:16s} {r['tokens_per_s']:11.1f} {mfu} {memory} {r['loss']:7.3f}{spread}"
+        )
     missed, figures = [], []
     for variant, baseline in BASELINE.items():
         if variant not in ok or baseline not in ok:
@@ -387,22 +403,47 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
     return missed
 
 
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's rounds as one result: the median tokens/s, the largest peak memory."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    speeds = sorted(r["tokens_per_s"] for r in ok)
+    peaks = [r["peak_bytes"] for r in ok if r["peak_bytes"] is not None]
+    result = {**ok[0], "tokens_per_s": statistics.median(speeds), "rounds": speeds}
+    result["peak_bytes"] = max(peaks) if peaks else None
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker:
         print(RESULT + json.dumps(run_worker(args)), flush=True)
         return 0
-    results = []
-    for variant in args.variants:
-        result = measure(args, variant, worker_argv(args))
-        done = result.get("error") or f"{result['tokens_per_s']:.1f} tokens/s"
-        print(f"  {variant}: {done}", flush=True)
-        results.append(result)
+    runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in args.variants}
+    # Rounds interleave the variants, so that a slow spell of a shared machine falls on all.
+    for round_ in range(args.repeats):
+        for variant in args.variants:
+            started = time.perf_counter()
+            result = measure(args, variant, worker_argv(args))
+            runs[variant].append(result)
+            took = time.perf_counter() - started
+            if "error" in result:
+                done = result["error"]
+            else:
+                peak = result["peak_bytes"]
+                memory = f", peak {peak / 1e9:.2f} GB" if peak is not None else ""
+                done = f"{result['tokens_per_s']:.1f} tokens/s{memory}, loss {result['loss']:.3f}"
+            print(f"  round {round_ + 1} {variant}: {done} ({took:.0f} s)", flush=True)
+            if args.json:  # after every variant: a run cut short keeps what it measured
+                with open(args.json, "w") as file:
+                    json.dump({"args": vars(args), "runs": runs}, file, indent=1)
+    results = [combine(runs[variant]) for variant in args.variants]
     report(args, results)
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"args": vars(args), "results": results}, file, indent=1)
+            json.dump({"args": vars(args), "results": results, "runs": runs}, file, indent=1)
     return 0
 
 
