@@ -92,6 +92,25 @@ def test_fsdp_with_tensor_parallel_trains_like_one_process():
     assert counted == (2, 48)
 
 
+def _fused_qkv_on_a_torch_that_cannot_add_the_bias(rank, world):
+    from trainkit.parallel import _styles
+
+    _styles._strided_bias_add_works = lambda mesh, chunks: False  # as on torch 2.11
+    try:
+        make_trainer(_plan("gpt2"), rank, world, model=gpt2, tensor=world, batches=1)
+    except RuntimeError as err:
+        return str(err)
+    return "no error"
+
+
+def test_fused_qkv_is_refused_by_name_where_dtensor_cannot_add_its_bias():
+    # torch 2.11 failed in the first forward with a DTensor planner error instead.
+    import_transformers()
+    for message in run_ranks(_fused_qkv_on_a_torch_that_cannot_add_the_bias, 2):
+        assert message.startswith("FusedColwiseParallel cannot shard this Conv1D with a bias")
+        assert "Use a newer torch, or leave the fused projection out" in message
+
+
 def test_plan_naming_missing_modules_lists_candidates():
     with pytest.raises(ValueError) as caught:
         expand_plan(Blocks(), {"blocks.*.upp": "colwise"})

@@ -13,6 +13,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module
@@ -120,6 +121,14 @@ class FusedColwiseParallel(ParallelStyle):
                 f"FusedColwiseParallel shards nn.Linear and transformers' Conv1D, not "
                 f"{type(module).__name__}"
             )
+        if module.bias is not None and not _strided_bias_add_works(device_mesh, self.chunks):
+            raise RuntimeError(
+                f"FusedColwiseParallel cannot shard this {type(module).__name__} with a bias on "
+                f"torch {torch.__version__}: its DTensor cannot add the replicated bias to the "
+                "strided output (torch 2.11 fails to plan that re-layout; torch 2.15 does it). "
+                "Use a newer torch, or leave the fused projection out of the tensor-parallel "
+                "plan"
+            )
         strided = partial(_StridedShard, split_factor=self.chunks)
         placements = {"weight": strided(out_dim), "bias": Replicate()}
         return distribute_module(
@@ -145,6 +154,27 @@ class FusedColwiseParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         return f"FusedColwiseParallel(chunks={self.chunks})"
+
+
+def _strided_bias_add_works(mesh: DeviceMesh, chunks: int) -> bool:
+    """Whether this torch's DTensor adds a replicated bias to a ``_StridedShard`` output, as
+    a fused projection's forward does. Tried on tiny tensors; no collective either way (the
+    re-layout is local, and a torch that cannot plan it raises before communicating)."""
+    device = mesh.device_type
+    output = DTensor.from_local(
+        torch.zeros(1, chunks, device=device),
+        mesh,
+        (_StridedShard(1, split_factor=chunks),),
+        run_check=False,
+    )
+    bias = DTensor.from_local(
+        torch.zeros(chunks * mesh.size(), device=device), mesh, (Replicate(),), run_check=False
+    )
+    try:
+        output + bias
+    except ValueError:
+        return False
+    return True
 
 
 class ShardedAttributes(ParallelStyle):
