@@ -174,10 +174,40 @@ def make_trainer(
 
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter, gathered in full on rank 0 (collective; {} on other ranks)."""
+    import torch.distributed as tdist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {k: v.clone() for k, v in get_model_state_dict(model, options=options).items()}
+    sharded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    full = {}
+    for name, value in sharded.items():
+        if isinstance(value, DTensor):
+            if any(isinstance(p, _StridedShard) for p in value.placements):
+                value = _gathered_by_position(value)
+            else:
+                value = value.full_tensor()
+        full[name] = value.detach().cpu().clone()
+    rank = tdist.get_rank() if tdist.is_initialized() else 0
+    return full if rank == 0 else {}
+
+
+def _gathered_by_position(tensor: Any) -> torch.Tensor:
+    # torch 2.11's DTensor cannot re-lay out a _StridedShard (full_tensor() fails), so every
+    # rank's values travel with their positions in the whole tensor: an index tensor laid
+    # out by the same placements (a local split, no communication).
+    import torch.distributed as tdist
+    from torch.distributed.tensor import distribute_tensor
+
+    index = torch.arange(tensor.numel(), device=tensor.to_local().device).view(tensor.shape)
+    where = distribute_tensor(index, tensor.device_mesh, tensor.placements, src_data_rank=None)
+    pieces: list[Any] = [None] * tdist.get_world_size()
+    mine = (where.to_local().flatten().cpu(), tensor.to_local().detach().flatten().cpu())
+    tdist.all_gather_object(pieces, mine)
+    whole = torch.empty(tensor.numel(), dtype=tensor.dtype)
+    for positions, values in pieces:
+        whole[positions] = values
+    return whole.view(tensor.shape)
 
 
 def to_bytes(obj: Any) -> bytes:

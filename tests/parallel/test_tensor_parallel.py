@@ -1,6 +1,9 @@
 """Tensor parallel (2 ranks) and FSDP x tensor parallel (4 ranks) against one process."""
 
+import copy
+
 import pytest
+import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -17,6 +20,7 @@ from parallel.helpers import (
 )
 from trainkit.parallel import (
     FSDP,
+    FusedColwiseParallel,
     ShardedAttributes,
     TensorParallel,
     expand_plan,
@@ -92,23 +96,43 @@ def test_fsdp_with_tensor_parallel_trains_like_one_process():
     assert counted == (2, 48)
 
 
-def _fused_qkv_on_a_torch_that_cannot_add_the_bias(rank, world):
-    from trainkit.parallel import _styles
+def _fused_linear(rank, world):
+    # nn.Linear(8, 12) as three fused blocks of 4 features; this rank computes 2 of each.
+    from torch.distributed.device_mesh import init_device_mesh
 
-    _styles._strided_bias_add_works = lambda mesh, chunks: False  # as on torch 2.11
-    try:
-        make_trainer(_plan("gpt2"), rank, world, model=gpt2, tensor=world, batches=1)
-    except RuntimeError as err:
-        return str(err)
-    return "no error"
+    from trainkit.parallel import FusedColwiseParallel, apply_tensor_parallel
+
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(8, 12))
+    inputs, upstream = torch.randn(5, 8), torch.randn(5, 12)
+    model = copy.deepcopy(reference)
+    plan = {"0": FusedColwiseParallel(use_local_output=False)}
+    apply_tensor_parallel(model, plan, init_device_mesh("cpu", (world,)))
+    mine = torch.cat(
+        [torch.arange(4 * block + 2 * rank, 4 * block + 2 * rank + 2) for block in range(3)]
+    )
+    x, x_ref = inputs.clone().requires_grad_(), inputs.clone().requires_grad_()
+    output, expected = model(x), reference(x_ref)
+    (output.to_local() * upstream[:, mine]).sum().backward()
+    (expected * upstream).sum().backward()
+    linear, linear_ref = model[0], reference[0]
+    return {
+        "placements": repr(output.placements),
+        "output": (output.to_local() - expected[:, mine]).abs().max().item(),
+        "input grad": (x.grad - x_ref.grad).abs().max().item(),
+        "weight grad": (linear.weight.grad.to_local() - linear_ref.weight.grad[mine])
+        .abs()
+        .max()
+        .item(),
+        "bias grad": (linear.bias.grad.to_local() - linear_ref.bias.grad).abs().max().item(),
+    }
 
 
-def test_fused_qkv_is_refused_by_name_where_dtensor_cannot_add_its_bias():
-    # torch 2.11 failed in the first forward with a DTensor planner error instead.
-    import_transformers()
-    for message in run_ranks(_fused_qkv_on_a_torch_that_cannot_add_the_bias, 2):
-        assert message.startswith("FusedColwiseParallel cannot shard this Conv1D with a bias")
-        assert "Use a newer torch, or leave the fused projection out" in message
+def test_fused_linear_computes_each_ranks_blocks_and_the_whole_gradients():
+    for result in run_ranks(_fused_linear, 2):
+        assert result.pop("placements") == "(_StridedShard(dim=1, sf=3),)"
+        # The input's partial gradients are summed over ranks, the bias's slices gathered.
+        assert max(result.values()) < 1e-6, result
 
 
 def test_plan_naming_missing_modules_lists_candidates():
@@ -141,6 +165,9 @@ def test_tensor_parallel_bad_input():
     class ThreeRanks:
         def size(self):
             return 3
+
+    with pytest.raises(ValueError, match=r"12 output features over 3 ranks: .* divisible by 9"):
+        FusedColwiseParallel(chunks=3)._apply(nn.Linear(4, 12), ThreeRanks())
 
     attention = nn.Module()
     attention.split_size = 32

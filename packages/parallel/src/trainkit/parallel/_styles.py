@@ -16,12 +16,20 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_module,
+)
 from torch.distributed.tensor import distribute_tensor as _distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwise
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.parallel import RowwiseParallel as _TorchRowwise
 from torch.distributed.tensor.placement_types import _StridedShard
+from torch.nn import functional as F
 
 __all__ = [
     "ColwiseParallel",
@@ -99,6 +107,12 @@ class FusedColwiseParallel(ParallelStyle):
     replicated (it is small): a strided bias cannot be sharded again by FSDP on the
     same dim, while a replicated one can.
 
+    The projection itself runs on local tensors (the module's ``forward`` is replaced):
+    the rank's weight block times the replicated input, plus the rank's slices of the
+    bias. Only the gradients cross ranks: the input's partial gradients are summed and
+    the bias's slices gathered, as DTensor does for `ColwiseParallel`. No op sees a
+    strided DTensor, which torch 2.11's DTensor cannot re-lay out.
+
     Args:
         chunks: how many blocks are fused (3 for q, k, v).
         use_local_output: return the local tensor (True) or a DTensor.
@@ -121,60 +135,65 @@ class FusedColwiseParallel(ParallelStyle):
                 f"FusedColwiseParallel shards nn.Linear and transformers' Conv1D, not "
                 f"{type(module).__name__}"
             )
-        if module.bias is not None and not _strided_bias_add_works(device_mesh, self.chunks):
-            raise RuntimeError(
-                f"FusedColwiseParallel cannot shard this {type(module).__name__} with a bias on "
-                f"torch {torch.__version__}: its DTensor cannot add the replicated bias to the "
-                "strided output (torch 2.11 fails to plan that re-layout; torch 2.15 does it). "
-                "Use a newer torch, or leave the fused projection out of the tensor-parallel "
-                "plan"
+        features, degree = module.weight.shape[out_dim], device_mesh.size()
+        if features % (self.chunks * degree):
+            raise ValueError(
+                f"FusedColwiseParallel(chunks={self.chunks}) cannot shard a "
+                f"{type(module).__name__} with {features} output features over {degree} "
+                f"ranks: each of its {self.chunks} blocks must split evenly, so the features "
+                f"must be divisible by {self.chunks * degree}"
             )
         strided = partial(_StridedShard, split_factor=self.chunks)
         placements = {"weight": strided(out_dim), "bias": Replicate()}
-        return distribute_module(
+        distribute_module(
             module,
             device_mesh,
             lambda _, m, mesh: _shard_params(m, mesh, placements, self.src_data_rank),
             self._prepare_input,
-            self._prepare_output,
         )
+        module.forward = partial(_fused_forward, module, self.chunks, self.use_local_output)
+        return module
 
     @staticmethod
     def _prepare_input(module: nn.Module, inputs: Any, mesh: DeviceMesh) -> Any:
+        # The input, replicated, as a local tensor whose gradient is partial: every rank's
+        # share of it is summed on the way back.
         tensor = inputs[0]
         if not isinstance(tensor, DTensor):
             tensor = DTensor.from_local(tensor, mesh, (Replicate(),), run_check=False)
         elif tensor.placements != (Replicate(),):
             tensor = tensor.redistribute(placements=(Replicate(),))
-        return (tensor, *inputs[1:])
-
-    def _prepare_output(self, module: nn.Module, outputs: Any, mesh: DeviceMesh) -> Any:
-        # Already [q_r | k_r | v_r] on each rank: no redistribution, unlike ColwiseParallel.
-        return outputs.to_local() if self.use_local_output else outputs
+        return (tensor.to_local(grad_placements=(Partial(),)), *inputs[1:])
 
     def __repr__(self) -> str:
         return f"FusedColwiseParallel(chunks={self.chunks})"
 
 
-def _strided_bias_add_works(mesh: DeviceMesh, chunks: int) -> bool:
-    """Whether this torch's DTensor adds a replicated bias to a ``_StridedShard`` output, as
-    a fused projection's forward does. Tried on tiny tensors; no collective either way (the
-    re-layout is local, and a torch that cannot plan it raises before communicating)."""
-    device = mesh.device_type
-    output = DTensor.from_local(
-        torch.zeros(1, chunks, device=device),
-        mesh,
-        (_StridedShard(1, split_factor=chunks),),
-        run_check=False,
+def _fused_forward(
+    module: nn.Module, chunks: int, use_local_output: bool, inputs: torch.Tensor
+) -> torch.Tensor:
+    # [q_r | k_r | v_r] from the rank's weight block; the gradient of the local block is
+    # the local block of the gradient, so the weight's gradient stays where it is.
+    weight = module.weight
+    mesh = weight.device_mesh
+    local_weight = weight.to_local()
+    bias = module.bias
+    if bias is not None:
+        # [b_q | b_k | b_v] -> [b_q_r | b_k_r | b_v_r]: plain Shard placements, which every
+        # torch re-lays out (the gradient is gathered back into the replicated bias).
+        blocks = bias.view(chunks, -1).redistribute(placements=(Shard(1),))
+        bias = blocks.to_local().reshape(-1)
+    if is_conv1d(module):
+        flat = inputs.reshape(-1, inputs.shape[-1])
+        product = flat @ local_weight if bias is None else torch.addmm(bias, flat, local_weight)
+        output = product.view(*inputs.shape[:-1], product.shape[-1])
+    else:
+        output = F.linear(inputs, local_weight, bias)
+    if use_local_output:
+        return output
+    return DTensor.from_local(
+        output, mesh, (_StridedShard(output.ndim - 1, split_factor=chunks),), run_check=False
     )
-    bias = DTensor.from_local(
-        torch.zeros(chunks * mesh.size(), device=device), mesh, (Replicate(),), run_check=False
-    )
-    try:
-        output + bias
-    except ValueError:
-        return False
-    return True
 
 
 class ShardedAttributes(ParallelStyle):
