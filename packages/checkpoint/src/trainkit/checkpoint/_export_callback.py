@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from trainkit.checkpoint._blocks import full_model_state
 from trainkit.checkpoint._export import check_format, write_export
 from trainkit.checkpoint._hf_files import build_hf_model, find_hf_model, hf_files
 from trainkit.checkpoint._names import fill_folder
@@ -110,10 +111,7 @@ class ExportOnFitEnd(Callback, config=ExportOnFitEndConfig):
 
 
 def _gathered(state: State, model: nn.Module) -> nn.Module | None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(state.model, options=options)  # full on rank 0 only
+    weights = full_model_state(state.model)  # on rank 0 only
     if dist.get_rank() != 0:
         return None
     files = hf_files(model)

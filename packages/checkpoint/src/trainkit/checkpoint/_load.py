@@ -13,6 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DCP's own key naming
 
+from trainkit.checkpoint._blocks import split_blocks
 from trainkit.checkpoint._common import on_rank0, plain_errors, single_process_is_intended
 from trainkit.checkpoint._composer import is_torch_file, load_torch_file
 from trainkit.checkpoint._errors import CheckpointError
@@ -157,13 +158,17 @@ def _load_folder(
     )
     wanted = set(template.get("model", {}))
     full = {"state": template}
+    restore = split_blocks(full)
     with single_process_is_intended(), plain_errors(f"loading {where}"):
-        dcp.load(
-            full,
-            storage_reader=reader,
-            planner=SafeLoadPlanner(allow_partial_load=True),
-            no_dist=not dist.is_initialized(),
-        )
+        try:
+            dcp.load(
+                full,
+                storage_reader=reader,
+                planner=SafeLoadPlanner(allow_partial_load=True),
+                no_dist=not dist.is_initialized(),
+            )
+        finally:
+            restore(full)  # the DTensors, now holding what their blocks loaded
     if edit is not None:
         edit(full)
         kept = full.get("state", {}).get("model", {})

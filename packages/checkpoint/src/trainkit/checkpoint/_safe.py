@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element  # what DCP's own planner uses
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 
+from trainkit.checkpoint._blocks import BlockLoadPlanner
 from trainkit.checkpoint._errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = ["SafeLoadPlanner", "safe_load_metadata"]
@@ -85,7 +85,7 @@ def safe_load_metadata(data: bytes, source: str) -> Metadata:
     return metadata
 
 
-class SafeLoadPlanner(DefaultLoadPlanner):
+class SafeLoadPlanner(BlockLoadPlanner):
     """Loads non-tensor entries with ``weights_only=True``; may skip keys absent from the checkpoint."""
 
     def __init__(self, *, allow_partial_load: bool = False):

@@ -28,6 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.utils.weak import WeakIdKeyDictionary
 
+from trainkit.checkpoint._blocks import BlockSavePlanner, split_blocks
 from trainkit.checkpoint._commit import TMP_PREFIX, Commit, begin
 from trainkit.checkpoint._common import (
     on_rank0,
@@ -259,7 +260,13 @@ class _Job:
         rank, commit = dist.get_rank(), self.commit
         try:
             with single_process_is_intended(), plain_errors(f"saving {self.published}"):
-                dcp.save(state_dict, storage_writer=self.writer, no_dist=not dist.is_initialized())
+                split_blocks(state_dict)  # the dict is this save's own: nothing to put back
+                dcp.save(
+                    state_dict,
+                    storage_writer=self.writer,
+                    planner=BlockSavePlanner(),
+                    no_dist=not dist.is_initialized(),
+                )
             listings = _on_every_rank(lambda: commit.hand_over(rank, self.writer.fs.entries))
             on_rank0(lambda: self._publish(listings))
         finally:
@@ -292,9 +299,11 @@ class _Job:
 
         host = _staging_for(state)
         with single_process_is_intended(background=True), plain_errors(f"saving {self.published}"):
+            split_blocks(state_dict)  # staged as they are: views of one local tensor each
             future: Future[Any] = dcp.async_save(
                 state_dict,
                 storage_writer=self.writer,
+                planner=BlockSavePlanner(),
                 async_stager=host.stager,
                 no_dist=not dist.is_initialized(),
                 process_group=_background_group(),
