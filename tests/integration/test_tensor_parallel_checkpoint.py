@@ -14,14 +14,17 @@ from torch.distributed.tensor import DTensor
 from multirank import run_ranks
 from parallel.helpers import gpt2, import_transformers, make_trainer, to_bytes
 from trainkit.checkpoint import ExportOnFitEnd, load_checkpoint, save_checkpoint
-from trainkit.parallel import TensorParallel, gpt2_plan
+from trainkit.parallel import FSDP, TensorParallel, gpt2_plan
 
 C_ATTN = "h.0.attn.c_attn.weight"
 
 
-def _tensor_parallel(rank, world, batches=2, **kwargs):
-    plan = TensorParallel(plan=gpt2_plan())
-    return make_trainer(plan, rank, world, model=gpt2, tensor=world, batches=batches, **kwargs)
+def _tensor_parallel(rank, world, batches=2, degree=None, **kwargs):
+    if degree is None:  # all ranks one tensor-parallel group
+        strategy, degree = TensorParallel(plan=gpt2_plan()), world
+    else:  # FSDP over groups of `degree` tensor-parallel ranks
+        strategy = FSDP(tensor_parallel=TensorParallel(plan=gpt2_plan(), degree=degree))
+    return make_trainer(strategy, rank, world, model=gpt2, tensor=degree, batches=batches, **kwargs)
 
 
 def _local(trainer):
@@ -38,13 +41,13 @@ def _local(trainer):
     )
 
 
-def _resume(rank, world, folder, async_save):
-    uninterrupted = _tensor_parallel(rank, world)
+def _resume(rank, world, folder, async_save, degree=None):
+    uninterrupted = _tensor_parallel(rank, world, degree=degree)
     uninterrupted.fit()
-    first = _tensor_parallel(rank, world)
+    first = _tensor_parallel(rank, world, degree=degree)
     first.fit(duration="1ba")
     save_checkpoint(first.state, folder, async_save=async_save).wait()
-    resumed = _tensor_parallel(rank, world)
+    resumed = _tensor_parallel(rank, world, degree=degree)
     load_checkpoint(resumed.state, folder)
     resumed.fit()
     return _local(uninterrupted), _local(resumed), int(resumed.state.timestamp.batch)
@@ -63,6 +66,20 @@ def test_tensor_parallel_gpt2_resumes_exactly_from_a_sharded_checkpoint(tmp_path
     chunks = sorted((tuple(c.offsets), tuple(c.sizes)) for c in metadata[key].chunks)
     assert metadata[key].size == torch.Size([32, 96])
     assert chunks == [((0, 16 * i), (32, 16)) for i in range(6)]
+
+
+def test_fsdp_with_tensor_parallel_gpt2_resumes_exactly_from_a_sharded_checkpoint(tmp_path):
+    # 4 ranks: FSDP shards c_attn's rows over 2 groups, each of 2 tensor-parallel ranks with
+    # three column blocks: every rank saves three blocks of 16 x 16.
+    import_transformers()
+    folder = tmp_path / "ba1"
+    for uninterrupted, resumed, batch in run_ranks(_resume, 4, str(folder), False, 2):
+        assert batch == 2
+        assert uninterrupted == resumed
+    metadata = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    (key,) = [k for k in metadata if k.startswith("state.model.") and k.endswith(C_ATTN)]
+    chunks = sorted((tuple(c.offsets), tuple(c.sizes)) for c in metadata[key].chunks)
+    assert chunks == [((row, 16 * i), (16, 16)) for row in (0, 16) for i in range(6)]
 
 
 def _save_one_batch(rank, world, folder):
