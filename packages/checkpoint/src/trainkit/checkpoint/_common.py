@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -104,12 +105,33 @@ def plain_errors(what: str) -> Iterator[None]:
         raise plain_error(err, what) from err
 
 
+def release_frames(*errors: BaseException | None) -> None:
+    """Drop the local variables of the finished frames in these errors' tracebacks (and
+    their causes'); the tracebacks still name every file and line.
+
+    A failed DCP write leaves its frames holding a memoryview of a ``BytesIO`` (DCP writes
+    each non-tensor entry from ``getbuffer()``), in a reference cycle with the error. CPython
+    3.12.1 (python/cpython#111049) crashes when its garbage collector breaks such a cycle;
+    without the locals there is no cycle to break.
+    """
+    seen: set[int] = set()
+    pending = list(errors)
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)  # frames still running are skipped
+        pending += [error.__cause__, error.__context__]
+
+
 def plain_error(err: BaseException, what: str) -> BaseException:
     """``err`` as the error to raise: one of ours inside DCP's `CheckpointException` as it
     is, DCP's other failures as a `CheckpointError`, anything else unchanged."""
     if not isinstance(err, CheckpointException):
         return err
     causes = [exc for exc, _ in err.failures.values()]
+    release_frames(err, *causes)
     for cause in causes:
         if isinstance(cause, CheckpointError):
             return cause
