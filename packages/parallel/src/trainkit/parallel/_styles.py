@@ -141,7 +141,9 @@ class FusedColwiseParallel(ParallelStyle):
                 f"FusedColwiseParallel(chunks={self.chunks}) cannot shard a "
                 f"{type(module).__name__} with {features} output features over {degree} "
                 f"ranks: each of its {self.chunks} blocks must split evenly, so the features "
-                f"must be divisible by {self.chunks * degree}"
+                f"must be divisible by {self.chunks * degree}. Use a tensor-parallel degree "
+                f"that divides {features // self.chunks} (the features of one block), or check "
+                f"chunks={self.chunks} against the model"
             )
         strided = partial(_StridedShard, split_factor=self.chunks)
         placements = {"weight": strided(out_dim), "bias": Replicate()}
@@ -175,7 +177,6 @@ def _fused_forward(
     # [q_r | k_r | v_r] from the rank's weight block; the gradient of the local block is
     # the local block of the gradient, so the weight's gradient stays where it is.
     weight = module.weight
-    mesh = weight.device_mesh
     local_weight = weight.to_local()
     bias = module.bias
     if bias is not None:
@@ -191,9 +192,8 @@ def _fused_forward(
         output = F.linear(inputs, local_weight, bias)
     if use_local_output:
         return output
-    return DTensor.from_local(
-        output, mesh, (_StridedShard(output.ndim - 1, split_factor=chunks),), run_check=False
-    )
+    placements = (_StridedShard(output.ndim - 1, split_factor=chunks),)
+    return DTensor.from_local(output, weight.device_mesh, placements, run_check=False)
 
 
 class ShardedAttributes(ParallelStyle):
