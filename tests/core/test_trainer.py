@@ -97,6 +97,65 @@ def test_wall_clock_duration_stops(monkeypatch):
     assert trainer.state.timestamp.total_wct == pytest.approx(3.0)
 
 
+class Takes(torch.utils.data.Dataset):
+    """A dataset each of whose samples takes ``seconds`` of the fake clock to load."""
+
+    def __init__(self, base, clock, seconds):
+        self.base, self.clock, self.seconds = base, clock, seconds
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        self.clock.now += self.seconds
+        return self.base[index]
+
+
+class SavesFor(Callback):
+    """A checkpoint that takes ``seconds`` of the fake clock at every BATCH_CHECKPOINT."""
+
+    def __init__(self, clock, seconds):
+        self.clock, self.seconds = clock, seconds
+
+    def batch_checkpoint(self, state, logger):
+        self.clock.now += self.seconds
+
+
+def test_a_batch_counts_its_loading_and_the_checkpoint_before_it_not_evaluation(monkeypatch):
+    # As in Composer: wall-clock time runs from one batch's end to the next's, with
+    # evaluation paused. Each batch: 2 s of loading (16 samples x 0.125 s) + 1 s of training,
+    # then 4 s of checkpoint and 100 s of evaluation (16 eval samples x 6.25 s).
+    clock = SecondPerBatch(monkeypatch)
+    trainer = make_trainer(
+        data=loader(Takes(blobs(), clock, 0.125)),
+        eval_dataloader=loader(Takes(blobs(16), clock, 6.25)),
+        eval_interval="1ba",
+        callbacks=[clock, SavesFor(clock, 4.0)],
+        max_duration="3ba",
+    )
+    trainer.fit()
+    assert trainer.state.timestamp.batch_wct == pytest.approx(4 + 2 + 1)
+    assert trainer.state.timestamp.total_wct == pytest.approx(3 + 7 + 7)
+    assert trainer.state.wall_mark is None  # the time between fits counts for nothing
+    clock.now += 1000.0
+    trainer.fit(duration="1ba")
+    assert trainer.state.timestamp.batch_wct == pytest.approx(2 + 1)
+
+
+def test_a_wall_clock_duration_counts_loading_and_checkpoints(monkeypatch):
+    # 3 s for the first batch, 7 s for each after it: "10s" is reached after batch 2 (the
+    # in-batch time alone, 1 s a batch, would have trained 10).
+    clock = SecondPerBatch(monkeypatch)
+    trainer = make_trainer(
+        data=loader(Takes(blobs(), clock, 0.125)),
+        callbacks=[clock, SavesFor(clock, 4.0)],
+        max_duration="10s",
+    )
+    trainer.fit()
+    assert trainer.state.timestamp.batch == 2
+    assert trainer.state.timestamp.total_wct == pytest.approx(10.0)
+
+
 def test_fit_with_duration_continues_the_run():
     trainer = make_trainer(max_duration="3ba")
     trainer.fit()

@@ -135,13 +135,21 @@ class BatchClock(NamedTuple):
     samples: int
     tokens: int
     started: float
+    """When the batch's wall-clock time began: ``state.wall_mark``, or `start_batch`."""
 
 
 def start_batch(state: State, engine: Engine, batch: Any) -> BatchClock:
-    """Count the batch, move it to the device (into ``state.batch``), fire BATCH_START."""
+    """Count the batch, move it to the device (into ``state.batch``), fire BATCH_START.
+
+    The batch's wall-clock time counts from ``state.wall_mark`` when it is set (``fit``
+    sets it: from the end of the previous batch, so loading this one is included), or else
+    from here.
+    """
     data = state.train_data
     assert data is not None
-    started = time.perf_counter()
+    started = state.wall_mark
+    if started is None:
+        started = time.perf_counter()
     # Over all data-parallel ranks; ranks that share data (tensor parallel) count it once.
     samples, tokens = data.count_batch(batch, state.data_parallel_size, state.device)
     clock = BatchClock(samples, tokens, started)
@@ -161,12 +169,15 @@ def finish_batch(
     rank's own clock would stop them after different batches (a rank left waiting in a
     collective) and give them different learning rates (replicas drifting apart).
     """
-    duration = time.perf_counter() - clock.started
+    now = time.perf_counter()
+    duration = now - clock.started
     max_duration = state.max_duration
     if max_duration is not None and max_duration.unit is TimeUnit.SECOND:
         duration = _slowest_rank(state, duration)
     samples, tokens, _ = clock
     state.timestamp = state.timestamp.to_next_batch(samples, tokens, duration)
+    if state.wall_mark is not None:  # a clock that runs between batches (State.wall_mark)
+        state.wall_mark = now
     if state.step_schedulers_every_batch and state.schedulers:
         scheduler_step(state)
     if loss is not None and engine.logger.destinations:

@@ -113,6 +113,12 @@ class State:
     recompiles: RecompileWatch | None = None
     """Counts ``torch.compile`` recompilations when the model is compiled (set by
     `prepare_run`); `finish_batch` logs the count as ``compile/recompiles``."""
+    wall_mark: float | None = None
+    """``time.perf_counter()`` from which the next batch's wall-clock time counts. ``fit``
+    sets it when its loop starts, `finish_batch` moves it to each batch's end, evaluation
+    moves it on by the time it took, and ``fit`` clears it when it ends. So, as in Composer,
+    a batch's time includes loading it and the previous batch's events and checkpoint, not
+    evaluation. None (a hand-written loop that does not set it): from `start_batch`."""
     _stop_requested: bool = False
 
     @property

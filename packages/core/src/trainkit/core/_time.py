@@ -306,6 +306,8 @@ class Timestamp(NamedTuple):
     """Where the run is. Immutable: the loop replaces it with `to_next_batch` / `to_next_epoch`.
 
     Sample and token counts are global (summed over ranks); wall-clock times are seconds.
+    In ``fit``, as in Composer, a batch's time runs from the end of the one before (or the
+    start of the loop): loading it, its events, checkpoints, not evaluation.
     A named tuple, so that the loop makes a new one per batch at the cost of one tuple
     (a frozen dataclass costs ten attribute sets); ``Timestamp._fields`` names the fields.
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -170,8 +171,12 @@ class Trainer(Configurable, config=TrainerConfig):
         with guard.running(state, self.engine):  # preemption, non-finite loss, FIT_ABORTED
             self.engine.run_event(Event.FIT_START)
             self.engine.run_event(Event.ITERATION_START)
-            while not state.is_done() and not state.stop_requested:
-                self._train_epoch()
+            state.wall_mark = time.perf_counter()  # batches count from here, between fits not
+            try:
+                while not state.is_done() and not state.stop_requested:
+                    self._train_epoch()
+            finally:
+                state.wall_mark = None
             guard.finish(state)
             if state.is_done():
                 self.engine.run_event(Event.ITERATION_END)
@@ -226,7 +231,10 @@ class Trainer(Configurable, config=TrainerConfig):
         if due:
             for evaluator in due:
                 self._last_eval_batch[evaluator.label] = batch
+            started = time.perf_counter()
             self.last_eval = {**self.last_eval, **evaluate(state, self.engine, due)}
+            if state.wall_mark is not None:  # evaluation is not training time (as Composer)
+                state.wall_mark += time.perf_counter() - started
 
     # --- evaluation and prediction ---------------------------------------------------------
 
