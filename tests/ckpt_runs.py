@@ -29,7 +29,14 @@ class KillAt(Callback):
 
 
 def trainer(
-    folder=None, *, callbacks=(), loggers=(), model=None, max_duration="3ep", **checkpointer
+    folder=None,
+    *,
+    callbacks=(),
+    loggers=(),
+    algorithms=(),
+    model=None,
+    max_duration="3ep",
+    **checkpointer,
 ) -> Trainer:
     model = model or mlp(dropout=0.2)
     extra = [Checkpointer(folder=folder, **checkpointer)] if folder is not None else []
@@ -38,6 +45,7 @@ def trainer(
         train_dataloader=loader(blobs(128)),
         optimizers=torch.optim.AdamW(model.parameters(), lr=0.01),
         max_duration=max_duration,
+        algorithms=list(algorithms),
         callbacks=[*extra, *callbacks],
         loggers=list(loggers),
         device_train_microbatch_size=8,

@@ -8,6 +8,7 @@ import torch
 from ckpt_runs import KillAt, in_child, takes_over_the_dead_run, trainer
 from toy import flat_params
 from trainkit.checkpoint import Checkpointer, list_checkpoints
+from trainkit.core import Algorithm, Event
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +85,35 @@ def test_interval_and_final_save_and_manifest(store):
     for name, entry in manifest["files"].items():
         assert len(store.read(f"ep2-ba20/{name}")) == entry["size"]
         assert len(entry["xxh3_128"]) == 32  # the default checksum, 128 bits
+
+
+def test_the_last_batch_is_saved_once_at_the_end(tmp_path):
+    # "4ba" falls on batch 8, the last of the run and of its epoch: one save after the epoch
+    # ended (ep1-ba8), not one of the batch (ep0-ba8) and the same state again at FIT_END.
+    trainer(tmp_path, interval="4ba", max_duration="1ep").fit()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ep1-ba8", "ep0-ba4"]
+
+
+class HalveAtFitEnd(Algorithm):
+    """Changes the weights at FIT_END, after the last batch, as SWA puts in its average."""
+
+    def match(self, event, state):
+        return event == Event.FIT_END
+
+    def apply(self, event, state, logger):
+        with torch.no_grad():
+            for param in state.model.parameters():
+                param.mul_(0.5)
+
+
+def test_the_final_checkpoint_holds_what_algorithms_did_at_the_end(tmp_path):
+    # Batch 10 is due by the interval and ends the run: its save must come after FIT_END's
+    # algorithms, or the run's final weights are in no checkpoint.
+    run = trainer(tmp_path, algorithms=[HalveAtFitEnd()], interval="5ba", max_duration="10ba")
+    run.fit()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ep1-ba10", "ep0-ba5"]
+    loaded = trainer(tmp_path, load_path="latest", max_duration="10ba")
+    assert torch.equal(flat_params(loaded.state.model), flat_params(run.state.model))
 
 
 def test_keep_rotates_but_never_the_newest(store):

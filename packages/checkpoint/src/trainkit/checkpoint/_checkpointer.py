@@ -286,7 +286,10 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             return
         if state.preemption is not None:
             self._save_preempted(state, state.preemption)
-        elif self.trigger(state, Event.BATCH_END):
+        elif self.trigger(state, Event.BATCH_END) and not (state.is_done() or state.stop_requested):
+            # The run's last batch is saved at FIT_END instead, once: after the end of its
+            # epoch and what algorithms do at the end (SWA puts in its average), which a save
+            # here would miss and a second save there would repeat under another name.
             self.save(state)
 
     def _save_preempted(self, state: State, request: PreemptionRequest) -> None:

@@ -32,7 +32,8 @@ class CheckpointerConfig:
     interval: str | int | Time | IntervalTrigger = "1ep"
     """How often to save: a duration (``"1ep"``, ``"500ba"``, ``"0.1dur"``; an int counts
     epochs) or, from Python, a callable ``(state, event) -> bool``. The end of every
-    ``fit`` is always saved."""
+    ``fit`` is always saved, after its epoch's end and ``FIT_END``'s algorithms (SWA's
+    average): a batch that is due and ends the run is saved there, once."""
     keep: int = -1
     """How many checkpoints to keep (-1: all). The newest is never deleted."""
     name_format: str = "ep{epoch}-ba{batch}"
