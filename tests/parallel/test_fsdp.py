@@ -197,13 +197,14 @@ def _hugging_face(rank, world):
     trainer.fit()
     model = trainer.state.model
     sharded = sorted(n for n, m in model.named_modules() if isinstance(m, FSDPModule))
-    return sharded, to_bytes(full_weights(model))
+    return sharded, to_bytes(full_weights(model)), trainer.hyperparameters()["model"]
 
 
 def test_wrap_auto_shards_each_hugging_face_block():
     import_transformers()
-    sharded, weights = run_ranks(_hugging_face, 2)[0]
+    sharded, weights, logged_name = run_ranks(_hugging_face, 2)[0]
     assert sharded == ["", "model.transformer.h.0", "model.transformer.h.1"]
+    assert logged_name == "HuggingFaceModel"  # not fully_shard's FSDPHuggingFaceModel
     assert_close({"gpt2": weights}, {"gpt2": train(None, 0, 1, model=gpt2, **SGD)}, 1e-5)
 
 

@@ -219,7 +219,20 @@ def to_plain(value: Any) -> Any:
         return os.fspath(value)
     if inspect.isroutine(value) or isinstance(value, type):
         return getattr(value, "__qualname__", repr(value))
-    return type(value).__name__
+    return _class_name(value)
+
+
+def _class_name(value: Any) -> str:
+    # FSDP2's fully_shard (and replicate) swap a module's class for one made on the fly:
+    # FSDPHuggingFaceModel(FSDPModule, HuggingFaceModel). Name the class the user built.
+    cls = type(value)
+    while (
+        len(cls.__bases__) == 2
+        and cls.__bases__[0].__module__.startswith("torch.distributed.")
+        and cls.__name__.endswith(cls.__bases__[1].__name__)
+    ):
+        cls = cls.__bases__[1]
+    return cls.__name__
 
 
 def _is_optimizer(value: Any) -> bool:
