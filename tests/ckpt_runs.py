@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 
@@ -82,6 +83,9 @@ def in_child(fn, *args) -> int:
 
     def target():
         torch.set_num_threads(1)
+        # A child that hangs prints every thread's stack (to the test's captured output)
+        # and exits before the deadline below kills it without a trace.
+        faulthandler.dump_traceback_later(100, exit=True)
         fn(*args)
 
     proc = fork_context().Process(target=target)  # refuses while CUDA is visible

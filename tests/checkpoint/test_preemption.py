@@ -9,6 +9,7 @@ checkpoint stays the latest.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import random
@@ -66,6 +67,9 @@ def _child(fn, *args):
 
     def target():
         torch.set_num_threads(1)
+        # A child that hangs prints every thread's stack (to the test's captured output)
+        # and exits before the parent's deadline kills it without a trace.
+        faulthandler.dump_traceback_later(100, exit=True)
         fn(sender, *args)
 
     proc = ctx.Process(target=target)
