@@ -6,6 +6,7 @@ import contextlib
 import faulthandler
 import os
 import signal
+from typing import Any
 
 import pytest
 import torch
@@ -96,6 +97,15 @@ def in_child(fn, *args) -> int:
         proc.join()
         raise AssertionError("child run did not finish within 120 s")
     return proc.exitcode
+
+
+def in_child_with_reply(fn, *args) -> tuple[int, Any]:
+    """`in_child`, with a pipe's sending end as ``fn``'s first argument: the exit code and
+    what the child sent (None if nothing)."""
+    receiver, sender = fork_context().Pipe(duplex=False)
+    status = in_child(fn, sender, *args)
+    sender.close()
+    return status, receiver.recv() if receiver.poll() else None
 
 
 class Shard(ParallelStrategy):

@@ -9,7 +9,6 @@ checkpoint stays the latest.
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
 import random
@@ -19,7 +18,7 @@ import time
 import pytest
 import torch
 
-from multirank import fork_context
+from ckpt_runs import in_child_with_reply
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import Checkpointer, _write, list_checkpoints
 from trainkit.core import PREEMPTED_EXIT_CODE, Callback, Trainer, TrainingPreempted
@@ -58,29 +57,6 @@ class SignalAt(Callback):
     def batch_end(self, state, logger):
         if state.timestamp.batch == self.batch and self.rank in (None, state.rank):
             signal.raise_signal(self.sig)
-
-
-def _child(fn, *args):
-    """Run ``fn(*args)`` in a forked process; its exit status and what it sent back."""
-    ctx = fork_context()
-    receiver, sender = ctx.Pipe(duplex=False)
-
-    def target():
-        torch.set_num_threads(1)
-        # A child that hangs prints every thread's stack (to the test's captured output)
-        # and exits before the parent's deadline kills it without a trace.
-        faulthandler.dump_traceback_later(100, exit=True)
-        fn(sender, *args)
-
-    proc = ctx.Process(target=target)
-    proc.start()
-    sender.close()
-    proc.join(120)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-        raise AssertionError("child run did not finish within 120 s")
-    return proc.exitcode, receiver.recv() if receiver.poll() else None
 
 
 def _preempted_run(sender, folder, batch, sig, async_save):
@@ -122,7 +98,7 @@ def test_one_rank_preempted_at_a_random_batch_saves_exits_75_and_resumes_bitwise
     tmp_path, sig, async_save
 ):
     batch = _batch(sig, async_save, 1)
-    status, sent = _child(_preempted_run, tmp_path, batch, sig, async_save)
+    status, sent = in_child_with_reply(_preempted_run, tmp_path, batch, sig, async_save)
     assert status == PREEMPTED_EXIT_CODE == 75, f"signalled at batch {batch}"
     stopped, checkpoint, abandoned = sent
     assert stopped == batch  # one rank stops after the batch it was signalled in
@@ -148,7 +124,9 @@ def _signal_again_while_saving(sender, folder, batch):
 
 def test_a_second_signal_during_the_save_leaves_a_loadable_checkpoint(tmp_path, caplog):
     batch = _batch("again")
-    status, (stopped, checkpoint, abandoned) = _child(_signal_again_while_saving, tmp_path, batch)
+    status, (stopped, checkpoint, abandoned) = in_child_with_reply(
+        _signal_again_while_saving, tmp_path, batch
+    )
     assert status == PREEMPTED_EXIT_CODE
     assert stopped == batch and checkpoint and not abandoned
     assert (tmp_path / "latest").read_text() == f"{_name(batch)}\n"
@@ -179,7 +157,9 @@ def _too_slow_to_save(sender, folder, batch, grace):
 @pytest.mark.parametrize("grace", [0.3, 0.0])
 def test_a_grace_period_too_short_keeps_the_previous_checkpoint_the_latest(tmp_path, grace):
     batch = 7  # the interval saved batch 6 before
-    status, (stopped, checkpoint, abandoned) = _child(_too_slow_to_save, tmp_path, batch, grace)
+    status, (stopped, checkpoint, abandoned) = in_child_with_reply(
+        _too_slow_to_save, tmp_path, batch, grace
+    )
     assert status == PREEMPTED_EXIT_CODE
     assert stopped == batch and checkpoint == ""
     assert "was abandoned" in abandoned and "grace period" in abandoned
@@ -207,7 +187,7 @@ def _report_time(sender, folder):
 
 
 def test_the_time_from_signal_to_exit_is_logged(tmp_path):
-    status, (records, seconds) = _child(_report_time, tmp_path)
+    status, (records, seconds) = in_child_with_reply(_report_time, tmp_path)
     assert status == PREEMPTED_EXIT_CODE
     assert records[0].startswith("received SIGTERM: finishing the current batch")
     assert records[1] == "preempted: saving a checkpoint of batch 3 (every rank)"
