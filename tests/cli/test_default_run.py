@@ -5,6 +5,7 @@ seconds-long run end to end (with the `Generate` sample when trainkit-loggers is
 
 import gzip
 import json
+import logging
 import lzma
 import math
 import random
@@ -23,6 +24,7 @@ from trainkit.cli._default import (
     HeldOutWindows,
     compressor_baselines,
     python_sources,
+    tiny_gpt2,
 )
 from trainkit.cli._plan import CPU, GPU, WarmupCosine, choose_plan, default_config
 from trainkit.core import Time, Timestamp, plugins
@@ -234,6 +236,27 @@ def test_bits_per_byte_is_the_cross_entropy_in_bits():
     bits.update(logits, target)
     nats.update(logits, target)
     assert bits.compute() == pytest.approx(nats.compute() / math.log(2))
+
+
+def test_the_default_model_trains_without_a_warning_from_transformers():
+    # transformers 5 names a model's loss from its class; "GPT2LMHeadModel" names none, and
+    # without help every default run printed that the loss type was unrecognised.
+    from transformers.utils import logging as hf_logging
+
+    heard: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: heard.append(record.getMessage())
+    hf_logging.get_logger("transformers").addHandler(handler)
+    hf_logging.warning_once.cache_clear()  # an earlier test in this process may have warned
+    try:
+        model = tiny_gpt2(n_layer=1, n_head=2, n_embd=32, n_positions=32)
+        batch = {"input_ids": torch.randint(0, 256, (2, 16))}
+        batch["labels"] = batch["input_ids"]
+        loss = model.loss(model(batch), batch)
+    finally:
+        hf_logging.get_logger("transformers").removeHandler(handler)
+    assert torch.isfinite(loss)
+    assert heard == []
 
 
 # --- a run of a few seconds, end to end ------------------------------------------------

@@ -68,10 +68,12 @@ def tiny_gpt2(
         eos_token_id=None,
     )
     config.loss_type = "ForCausalLM"  # set after construction: the constructor drops it
+    model = GPT2LMHeadModel(config)
+    # transformers 5 reads the loss from the model, which takes it from its class name:
+    # "GPT2LMHeadModel" names none, and every run would warn that the loss is unrecognised.
+    model.loss_type = "ForCausalLM"
     metrics = {"cross_entropy": CrossEntropy(), "bits_per_byte": BitsPerByte()}
-    return HuggingFaceModel(
-        GPT2LMHeadModel(config), tokenizer=byte_tokenizer(), eval_metrics=metrics
-    )
+    return HuggingFaceModel(model, tokenizer=byte_tokenizer(), eval_metrics=metrics)
 
 
 class BitsPerByte(CrossEntropy):
