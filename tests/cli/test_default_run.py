@@ -8,8 +8,10 @@ import json
 import logging
 import lzma
 import math
+import os
 import random
 import sysconfig
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -17,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from multirank import run_ranks
 from trainkit.cli import _plan, _train, main
 from trainkit.cli._config import load_config
 from trainkit.cli._default import (
@@ -26,7 +29,15 @@ from trainkit.cli._default import (
     python_sources,
     tiny_gpt2,
 )
-from trainkit.cli._plan import CPU, GPU, WarmupCosine, choose_plan, default_config
+from trainkit.cli._plan import (
+    CPU,
+    GPU,
+    WarmupCosine,
+    choose_plan,
+    default_config,
+    preset,
+    share_cores,
+)
 from trainkit.core import Time, Timestamp, plugins
 from trainkit.core.metrics import CrossEntropy
 
@@ -61,6 +72,30 @@ def test_ranks_on_one_machine_share_its_idle_cores(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must be an integer, got 'two'"):
         choose_plan("cpu", cpu_threads=2, busy=0.0)
+
+
+def _thread_choice(rank, world_size, starting_up):
+    # A rank of `trainkit launch -n 2` on one machine: rank 1 is still starting up (importing
+    # torch, reading its data) when rank 0 is ready; busy_cores records when it measures.
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    measured = []
+    _plan.busy_cores = lambda cores: measured.append(time.monotonic()) or 0.0
+    if rank == 1:
+        time.sleep(starting_up)
+    ready = time.monotonic()
+    plan = _train._start_default(preset("cpu"), "1ba", [])
+    return ready, measured, plan.threads, plan.notes
+
+
+def test_ranks_choose_their_threads_once_every_rank_has_started():
+    (_, [measured0], threads0, notes), (ready1, [measured1], threads1, _) = run_ranks(
+        _thread_choice, 2, 1.0
+    )
+    # Measured before rank 1 was ready, its start-up would count as other work.
+    assert measured0 >= ready1 and measured1 >= ready1
+    cores = len(os.sched_getaffinity(0))
+    assert threads0 == threads1 == max(1, cores // 2)
+    assert notes[-1] == f"{threads0} thread(s) per rank: 2 ranks share {cores} idle cores"
 
 
 def _stat(jiffies):
@@ -277,7 +312,9 @@ def _keep_torch_threads():
 
 
 def test_a_tiny_budget_run_ends_on_time_and_writes_the_sample(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(_train, "choose_plan", lambda: TINY_CPU)
+    monkeypatch.setattr(_train, "preset", lambda: TINY_CPU)
+    # As on 2 idle cores, whatever this machine's are doing now.
+    monkeypatch.setattr(_train, "share_cores", lambda plan: share_cores(plan, 2, busy=0.0))
     run_dir = tmp_path / "run"
     assert main(["train", "--run-dir", str(run_dir), *SMALL_DATA]) == 0
     out = capsys.readouterr().out
@@ -310,7 +347,7 @@ def test_the_gpu_preset_runs_its_code_path_on_cpu(tmp_path, capsys, monkeypatch)
     tiny_gpu = replace(
         GPU, n_layer=1, n_head=2, n_embd=32, seq_len=32, batch_size=4, budget_s=3, max_bytes=60000
     )
-    monkeypatch.setattr(_train, "choose_plan", lambda: tiny_gpu)
+    monkeypatch.setattr(_train, "preset", lambda: tiny_gpu)
     run_dir = tmp_path / "run"
     args = ["train", "--run-dir", str(run_dir), "--set", "data.eval_bytes=4096"]
     assert main([*args, "--print-config"]) == 0

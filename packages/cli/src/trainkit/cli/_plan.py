@@ -1,7 +1,8 @@
 """What the embedded default run trains, chosen from the hardware it finds.
 
-`choose_plan` picks a preset (model size, sequence length, batch, precision, compile) for
-the device, and every preset trains for a fixed wall-clock budget: ``max_duration`` is a
+`preset` picks the model size, sequence length, batch, precision and compile for the
+device, and `share_cores` the CPU threads from the cores other work leaves idle (`choose_plan`
+does both); every preset trains for a fixed wall-clock budget: ``max_duration`` is a
 number of seconds of training (the Trainer's wall-clock duration), and the learning rate
 follows `WarmupCosine`, which warms up over a number of batches and then decays on the
 fraction of that budget, so the decay ends when the time does however fast the machine is.
@@ -30,6 +31,8 @@ __all__ = [
     "busy_cores",
     "choose_plan",
     "default_config",
+    "preset",
+    "share_cores",
 ]
 
 TOTAL_BUDGET_S = 300
@@ -127,15 +130,19 @@ GPU = Plan(
 def choose_plan(
     device: str | None = None, cpu_threads: int | None = None, busy: float | None = None
 ) -> Plan:
-    """The preset for ``device`` (default: CUDA when available, else the CPU).
+    """The `preset` for ``device``, on the CPU with its threads chosen by `share_cores` now.
 
-    On the CPU, torch gets the cores that other work is not using right now:
-    ``cpu_threads`` minus the rounded number of ``busy`` cores (`busy_cores`: measured over a
-    quarter of a second), at least one. On 2 cores shared with other jobs, 2 OpenMP threads
-    were measured 7x slower per step than 1 (each waits for the other at every op), while
-    on idle cores 2 are ~1.7x faster. The arguments are there to choose for another machine
-    (and for tests).
+    The arguments are there to choose for another machine (and for tests). A run started on
+    several ranks chooses its threads later, once every rank has started (``trainkit
+    train`` does).
     """
+    plan = preset(device)
+    return share_cores(plan, cpu_threads, busy) if plan.device == "cpu" else plan
+
+
+def preset(device: str | None = None) -> Plan:
+    """The preset for ``device`` (default: CUDA when available, else the CPU); the CPU
+    preset's threads are not chosen yet (see `share_cores`)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
@@ -144,21 +151,34 @@ def choose_plan(
         if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
             return replace(GPU, precision="amp_fp16", notes=["no bf16 on this GPU: amp_fp16"])
         return GPU
+    return CPU
+
+
+def share_cores(plan: Plan, cpu_threads: int | None = None, busy: float | None = None) -> Plan:
+    """``plan`` with torch's CPU threads: the cores that other work is not using right now.
+
+    That is ``cpu_threads`` (default: the CPUs this process may use) minus the rounded
+    number of ``busy`` cores (`busy_cores`: measured over a quarter of a second), at least
+    one, shared by the ranks started together on this machine (torchrun's
+    ``LOCAL_WORLD_SIZE``). Ranks must measure once all of them have started: a rank still
+    importing torch is not other work. On 2 cores shared with other jobs, 2 OpenMP threads
+    were measured 7x slower per step than 1 (each waits for the other at every op), while
+    on idle cores 2 are ~1.7x faster.
+    """
     cores = cpu_threads if cpu_threads is not None else _cpu_count()
     if busy is None:
         busy = busy_cores(cores)
     idle = max(1, cores - round(busy))
-    # Ranks started together on this machine (torchrun's LOCAL_WORLD_SIZE) share its cores.
     ranks = _local_ranks()
     threads = max(1, idle // ranks)
-    notes = []
+    notes = list(plan.notes)
     if idle < cores:
         notes.append(
             f"{idle} of {cores} CPU threads: the machine is busy ({busy:.1f} cores in use)"
         )
     if ranks > 1:
         notes.append(f"{threads} thread(s) per rank: {ranks} ranks share {idle} idle cores")
-    return replace(CPU, threads=threads, notes=notes)
+    return replace(plan, threads=threads, notes=notes)
 
 
 def _local_ranks() -> int:

@@ -24,7 +24,7 @@ import torch
 
 from trainkit.cli._build import build_run
 from trainkit.cli._config import load_config
-from trainkit.cli._plan import Plan, choose_plan, default_config
+from trainkit.cli._plan import Plan, default_config, preset, share_cores
 from trainkit.core import Callback, Trainer, dist, plugins
 
 __all__ = ["add_parser", "run"]
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.set) + (
         [f"trainer.max_duration={args.max_duration}"] if args.max_duration else []
     )
-    plan = choose_plan() if args.config is None else None
+    plan = preset() if args.config is None else None
     base = None
     if plan is not None:
         base = default_config(plan, "generate" in plugins.available("trainkit.callbacks"))
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     dist.init_distributed(single_process=config.components["parallelism"] is not None)
     run_dir = config.run_dir
     if plan is not None:
-        _start_default(plan, str(config.trainer["max_duration"]), args.set)
+        plan = _start_default(plan, str(config.trainer["max_duration"]), args.set)
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(config.to_yaml())
@@ -114,8 +114,14 @@ def _time_first_step(trainer: Trainer, started: float) -> list[float]:
     return seen
 
 
-def _start_default(plan: Plan, max_duration: str, overrides: Sequence[str]) -> None:
+def _start_default(plan: Plan, max_duration: str, overrides: Sequence[str]) -> Plan:
+    """Choose the CPU threads (in the process group, if any), say what the run is."""
     if plan.device == "cpu":
+        if dist.get_world_size() > 1:
+            # Every rank measures once all have started: a rank still importing torch is
+            # not other work, and counted as such it would take cores from every rank.
+            dist.barrier()
+        plan = share_cores(plan)
         torch.set_num_threads(plan.threads)
     if dist.get_rank() == 0:
         print(plan.describe(max_duration), flush=True)
@@ -123,6 +129,7 @@ def _start_default(plan: Plan, max_duration: str, overrides: Sequence[str]) -> N
             print(f"overridden with --set: {' '.join(overrides)}", flush=True)
         for note in plan.notes:
             print(f"note: {note}", flush=True)
+    return plan
 
 
 def _finish(
