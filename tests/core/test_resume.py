@@ -157,3 +157,48 @@ def test_state_for_an_unknown_callback_warns():
     state["callbacks"]["Vanished"] = {"x": 1}
     with pytest.warns(UserWarning, match="'Vanished', which this run does not use"):
         trainer.state.load_state_dict(state)
+
+
+class Inputs(Callback):
+    """Records each batch's inputs, as the step sees them."""
+
+    def __init__(self):
+        self.seen: list[torch.Tensor] = []
+
+    def batch_start(self, state, logger):
+        self.seen.append(state.batch[0].clone())
+
+
+def with_workers(dataset, *callbacks):
+    model = mlp(dropout=0.2)
+    return Trainer(
+        model=model,
+        train_dataloader=DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2),
+        max_duration="2ep",
+        callbacks=list(callbacks),
+        progress_bar=False,
+        device="cpu",
+        seed=17,
+    )
+
+
+@pytest.mark.parametrize("stop_batch", [5, 8])  # mid-epoch, and exactly at an epoch boundary
+def test_resume_with_data_workers_goes_on_with_the_next_batch(stop_batch):
+    # A DataLoader with workers asks its batch sampler for an iterator twice and uses the
+    # second: the resumed epoch must still skip what was trained, not start over.
+    full_inputs = Inputs()
+    full = with_workers(blobs(128), full_inputs)
+    full.fit()
+
+    first = with_workers(blobs(128), StopAt(stop_batch))
+    first.fit()
+    saved = copy.deepcopy(first.state.state_dict())
+
+    inputs = Inputs()
+    resumed = with_workers(blobs(128), inputs)
+    resumed.state.load_state_dict(saved)
+    resumed.fit()
+
+    assert len(inputs.seen) == 16 - stop_batch
+    assert all(map(torch.equal, inputs.seen, full_inputs.seen[stop_batch:]))
+    assert torch.equal(flat_params(resumed.state.model), flat_params(full.state.model))

@@ -98,13 +98,16 @@ class ResumableBatchSampler:
         self.epoch, self.skip = epoch, batches_done
 
     def __iter__(self) -> Iterator[list[int]]:
+        # A generator, so nothing happens (the skip is not used up) until the first batch is
+        # asked for: a DataLoader with workers calls iter() on its sampler twice and
+        # iterates only the second.
         sampler = getattr(self.batch_sampler, "sampler", None)
         if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
             sampler.set_epoch(self.epoch)
         elif hasattr(sampler, "generator"):  # RandomSampler, SubsetRandomSampler, ...
             sampler.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         skip, self.skip = self.skip, 0
-        return itertools.islice(iter(self.batch_sampler), skip, None)
+        yield from itertools.islice(iter(self.batch_sampler), skip, None)
 
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]
