@@ -1,10 +1,12 @@
 """Exact resume: State.state_dict() after k batches continues bitwise, without data replay."""
 
 import copy
+import random
 
+import numpy
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from toy import CountingDataset, blobs, flat_params, mlp
 from trainkit.core import Algorithm, Callback, Event, LinearWithWarmupScheduler, Trainer
@@ -169,11 +171,11 @@ class Inputs(Callback):
         self.seen.append(state.batch[0].clone())
 
 
-def with_workers(dataset, *callbacks):
+def with_workers(dataset, *callbacks, workers=2):
     model = mlp(dropout=0.2)
     return Trainer(
         model=model,
-        train_dataloader=DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2),
+        train_dataloader=DataLoader(dataset, batch_size=16, shuffle=True, num_workers=workers),
         max_duration="2ep",
         callbacks=list(callbacks),
         progress_bar=False,
@@ -182,23 +184,52 @@ def with_workers(dataset, *callbacks):
     )
 
 
+class Augmented(Dataset):
+    """`blobs` with a random augmentation, drawn from torch's, Python's and NumPy's global
+    generators where the sample is loaded (in a DataLoader worker)."""
+
+    def __init__(self):
+        self.base = blobs(128)
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        x, y = self.base[index]
+        noise = torch.randn_like(x) + float(numpy.random.normal())
+        return x * random.uniform(0.5, 1.5) + noise, y
+
+
+@pytest.mark.parametrize("data", [blobs, Augmented])
 @pytest.mark.parametrize("stop_batch", [5, 8])  # mid-epoch, and exactly at an epoch boundary
-def test_resume_with_data_workers_goes_on_with_the_next_batch(stop_batch):
+def test_resume_with_data_workers_goes_on_with_the_next_batch(stop_batch, data):
     # A DataLoader with workers asks its batch sampler for an iterator twice and uses the
-    # second: the resumed epoch must still skip what was trained, not start over.
+    # second: the resumed epoch must still skip what was trained, not start over. Workers
+    # that start afresh and skip batches without loading them must still augment each
+    # batch as the uninterrupted run did.
     full_inputs = Inputs()
-    full = with_workers(blobs(128), full_inputs)
+    full = with_workers(data(), full_inputs)
     full.fit()
 
-    first = with_workers(blobs(128), StopAt(stop_batch))
+    first = with_workers(data(), StopAt(stop_batch))
     first.fit()
     saved = copy.deepcopy(first.state.state_dict())
 
     inputs = Inputs()
-    resumed = with_workers(blobs(128), inputs)
+    resumed = with_workers(data(), inputs)
     resumed.state.load_state_dict(saved)
     resumed.fit()
 
     assert len(inputs.seen) == 16 - stop_batch
     assert all(map(torch.equal, inputs.seen, full_inputs.seen[stop_batch:]))
     assert torch.equal(flat_params(resumed.state.model), flat_params(full.state.model))
+
+
+def test_a_batch_is_augmented_the_same_by_any_number_of_workers():
+    runs = {}
+    for workers in (1, 2):
+        runs[workers] = Inputs()
+        with_workers(Augmented(), runs[workers], workers=workers).fit()
+    assert len(runs[1].seen) == len(runs[2].seen) == 16
+    assert all(map(torch.equal, runs[1].seen, runs[2].seen))
+    assert not torch.equal(runs[1].seen[0], runs[1].seen[8])  # not one draw for every batch

@@ -16,14 +16,16 @@ A user's own kind of data implements `DataPosition` and passes it as
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import random
 import sys
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainkit.core import dist
 
@@ -85,12 +87,17 @@ class ResumableBatchSampler:
     """Wraps a DataLoader's batch sampler: order fixed by (seed, epoch), and a skip count.
 
     The skipped batches are index lists only: no sample is loaded to get past them, so a
-    run resumes mid-epoch at the cost of drawing the epoch's permutation once.
+    run resumes mid-epoch at the cost of drawing the epoch's permutation once. With
+    ``seed_batches`` each batch comes as a `SeededBatch`, its seed fixed by (seed, epoch,
+    batch, rank), for `SeedEachBatch` to seed the worker that loads it.
     """
 
-    def __init__(self, batch_sampler: Iterable[list[int]], seed: int):
+    def __init__(
+        self, batch_sampler: Iterable[list[int]], seed: int, *, seed_batches: bool = False
+    ):
         self.batch_sampler = batch_sampler
         self.seed = seed
+        self.seed_batches = seed_batches
         self.epoch = 0
         self.skip = 0
 
@@ -107,10 +114,71 @@ class ResumableBatchSampler:
         elif hasattr(sampler, "generator"):  # RandomSampler, SubsetRandomSampler, ...
             sampler.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         skip, self.skip = self.skip, 0
-        yield from itertools.islice(iter(self.batch_sampler), skip, None)
+        batches = itertools.islice(iter(self.batch_sampler), skip, None)
+        if not self.seed_batches:
+            yield from batches
+            return
+        prefix = f"{self.seed}/{self.epoch}/{dist.get_rank()}/"
+        for number, indices in enumerate(batches, start=skip):
+            yield SeededBatch(indices, _batch_seed(prefix, number))
 
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]
+
+
+class SeededBatch(list):
+    """A batch's sample indices, with the seed its worker draws the batch's random numbers
+    from (``seed``)."""
+
+    def __init__(self, indices: Iterable[int], seed: int):
+        super().__init__(indices)
+        self.seed = seed
+
+
+def _batch_seed(prefix: str, number: int) -> int:
+    digest = hashlib.blake2b(f"{prefix}{number}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+class SeedEachBatch(Dataset):
+    """A map-style dataset whose random numbers belong to the batch, not to the worker.
+
+    A DataLoader worker seeds torch, Python's ``random`` and NumPy once, when it starts,
+    and then draws from them for every sample it loads: which numbers a sample's random
+    augmentation gets depends on what that worker loaded before. Skipping trained batches
+    without loading them (`SamplerPosition`), or starting the workers afresh on resume,
+    changes that, so a resumed run would augment differently from an uninterrupted one.
+    Here a worker seeds its generators from the batch's `SeededBatch` seed before loading
+    it: a batch's augmentations are the same whichever worker loads it, how many workers
+    there are, and whether the run resumed.
+    """
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        seed = getattr(indices, "seed", None)
+        if seed is not None:
+            random.seed(seed)
+            torch.default_generator.manual_seed(seed)
+            numpy = sys.modules.get("numpy")  # seeded only where something imported it
+            if numpy is not None:
+                numpy.random.seed(seed % 2**32)
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is not None:
+            return getitems(indices)
+        return [self.dataset[index] for index in indices]
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (while unpickling in a spawned worker)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:
@@ -298,9 +366,12 @@ def _holds_streaming_dataset(loader: Any) -> bool:
 
 
 def _resumable_loader(loader: DataLoader, seed: int) -> tuple[DataLoader, ResumableBatchSampler]:
-    sampler = ResumableBatchSampler(loader.batch_sampler, seed)
+    # Workers draw a batch's random numbers from its own seed (SeedEachBatch); in the main
+    # process they come from the global generators, which checkpoints save and restore.
+    workers = loader.num_workers > 0
+    sampler = ResumableBatchSampler(loader.batch_sampler, seed, seed_batches=workers)
     rebuilt = DataLoader(
-        loader.dataset,
+        SeedEachBatch(loader.dataset) if workers else loader.dataset,
         batch_sampler=sampler,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
