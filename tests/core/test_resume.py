@@ -6,7 +6,7 @@ import random
 import numpy
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from toy import CountingDataset, blobs, flat_params, mlp
 from trainkit.core import Algorithm, Callback, Event, LinearWithWarmupScheduler, Trainer
@@ -225,11 +225,16 @@ def test_resume_with_data_workers_goes_on_with_the_next_batch(stop_batch, data):
     assert torch.equal(flat_params(resumed.state.model), flat_params(full.state.model))
 
 
-def test_a_batch_is_augmented_the_same_by_any_number_of_workers():
+def augmented_subset():
+    return Subset(Augmented(), range(128))  # a dataset with __getitems__: loaded through it
+
+
+@pytest.mark.parametrize("data", [Augmented, augmented_subset])
+def test_a_batch_is_augmented_the_same_by_any_number_of_workers(data):
     runs = {}
     for workers in (1, 2):
         runs[workers] = Inputs()
-        with_workers(Augmented(), runs[workers], workers=workers).fit()
+        with_workers(data(), runs[workers], workers=workers).fit()
     assert len(runs[1].seen) == len(runs[2].seen) == 16
     assert all(map(torch.equal, runs[1].seen, runs[2].seen))
     assert not torch.equal(runs[1].seen[0], runs[1].seen[8])  # not one draw for every batch

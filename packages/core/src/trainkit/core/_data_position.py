@@ -166,7 +166,7 @@ class SeedEachBatch(Dataset):
                 numpy.random.seed(seed % 2**32)
         getitems = getattr(self.dataset, "__getitems__", None)
         if getitems is not None:
-            return getitems(indices)
+            return getitems(list(indices))  # the plain list a dataset gets without workers
         return [self.dataset[index] for index in indices]
 
     def __getitem__(self, index: Any) -> Any:
