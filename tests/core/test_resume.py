@@ -171,11 +171,12 @@ class Inputs(Callback):
         self.seen.append(state.batch[0].clone())
 
 
-def with_workers(dataset, *callbacks, workers=2):
+def with_workers(dataset, *callbacks, workers=2, batch_size=16):
     model = mlp(dropout=0.2)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
     return Trainer(
         model=model,
-        train_dataloader=DataLoader(dataset, batch_size=16, shuffle=True, num_workers=workers),
+        train_dataloader=loader,
         max_duration="2ep",
         callbacks=list(callbacks),
         progress_bar=False,
@@ -238,3 +239,37 @@ def test_a_batch_is_augmented_the_same_by_any_number_of_workers(data):
     assert len(runs[1].seen) == len(runs[2].seen) == 16
     assert all(map(torch.equal, runs[1].seen, runs[2].seen))
     assert not torch.equal(runs[1].seen[0], runs[1].seen[8])  # not one draw for every batch
+
+
+class AugmentedBatches(Dataset):
+    """Whole batches of `Augmented`, for a DataLoader with automatic batching off."""
+
+    def __init__(self):
+        self.samples = Augmented()
+
+    def __len__(self):
+        return len(self.samples) // 16
+
+    def __getitem__(self, index):
+        xs, ys = zip(*(self.samples[i] for i in range(index * 16, index * 16 + 16)), strict=True)
+        return torch.stack(xs), torch.stack(ys)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_of_whole_batches_resumes_exactly(workers):
+    # DataLoader(batch_size=None): no batch sampler; its sampler's indices are the batches.
+    full_inputs = Inputs()
+    full = with_workers(AugmentedBatches(), full_inputs, workers=workers, batch_size=None)
+    full.fit()
+    first = with_workers(AugmentedBatches(), StopAt(5), workers=workers, batch_size=None)
+    first.fit()
+    saved = copy.deepcopy(first.state.state_dict())
+
+    inputs = Inputs()
+    resumed = with_workers(AugmentedBatches(), inputs, workers=workers, batch_size=None)
+    resumed.state.load_state_dict(saved)
+    resumed.fit()
+    assert len(full_inputs.seen) == 16 and len(inputs.seen) == 11
+    assert all(map(torch.equal, inputs.seen, full_inputs.seen[5:]))
+    assert torch.equal(flat_params(resumed.state.model), flat_params(full.state.model))
+    assert full.state.timestamp.sample == 16 * 16  # each batch counted by its samples

@@ -84,12 +84,14 @@ class DataPosition:
 
 
 class ResumableBatchSampler:
-    """Wraps a DataLoader's batch sampler: order fixed by (seed, epoch), and a skip count.
+    """Wraps a DataLoader's batch sampler (or, with automatic batching off,
+    ``batch_size=None``, its sampler, each index a whole batch): order fixed by (seed,
+    epoch), and a skip count.
 
     The skipped batches are index lists only: no sample is loaded to get past them, so a
     run resumes mid-epoch at the cost of drawing the epoch's permutation once. With
-    ``seed_batches`` each batch comes as a `SeededBatch`, its seed fixed by (seed, epoch,
-    batch, rank), for `SeedEachBatch` to seed the worker that loads it.
+    ``seed_batches`` each batch comes as a `SeededBatch` (or `SeededIndex`), its seed fixed
+    by (seed, epoch, batch, rank), for `SeedEachBatch` to seed the worker that loads it.
     """
 
     def __init__(
@@ -108,7 +110,8 @@ class ResumableBatchSampler:
         # A generator, so nothing happens (the skip is not used up) until the first batch is
         # asked for: a DataLoader with workers calls iter() on its sampler twice and
         # iterates only the second.
-        sampler = getattr(self.batch_sampler, "sampler", None)
+        # A BatchSampler's sampler, or the sampler itself (automatic batching off).
+        sampler = getattr(self.batch_sampler, "sampler", self.batch_sampler)
         if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
             sampler.set_epoch(self.epoch)
         elif hasattr(sampler, "generator"):  # RandomSampler, SubsetRandomSampler, ...
@@ -119,8 +122,12 @@ class ResumableBatchSampler:
             yield from batches
             return
         prefix = f"{self.seed}/{self.epoch}/{dist.get_rank()}/"
-        for number, indices in enumerate(batches, start=skip):
-            yield SeededBatch(indices, _batch_seed(prefix, number))
+        for number, batch in enumerate(batches, start=skip):
+            seed = _batch_seed(prefix, number)
+            if isinstance(batch, int):
+                yield SeededIndex(batch, seed)
+            else:
+                yield SeededBatch(batch, seed)
 
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]
@@ -133,6 +140,20 @@ class SeededBatch(list):
     def __init__(self, indices: Iterable[int], seed: int):
         super().__init__(indices)
         self.seed = seed
+
+
+class SeededIndex(int):
+    """One index that is a whole batch (automatic batching off), with its batch's seed."""
+
+    seed: int
+
+    def __new__(cls, index: int, seed: int) -> SeededIndex:
+        obj = super().__new__(cls, index)
+        obj.seed = seed
+        return obj
+
+    def __getnewargs__(self) -> tuple[int, int]:  # type: ignore[override]
+        return int(self), self.seed
 
 
 def _batch_seed(prefix: str, number: int) -> int:
@@ -157,19 +178,16 @@ class SeedEachBatch(Dataset):
         self.dataset = dataset
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        seed = getattr(indices, "seed", None)
-        if seed is not None:
-            random.seed(seed)
-            torch.default_generator.manual_seed(seed)
-            numpy = sys.modules.get("numpy")  # seeded only where something imported it
-            if numpy is not None:
-                numpy.random.seed(seed % 2**32)
+        _seed_from(indices)
         getitems = getattr(self.dataset, "__getitems__", None)
         if getitems is not None:
             return getitems(list(indices))  # the plain list a dataset gets without workers
         return [self.dataset[index] for index in indices]
 
     def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, SeededIndex):  # a whole batch (automatic batching off)
+            _seed_from(index)
+            index = int(index)
         return self.dataset[index]
 
     def __len__(self) -> int:
@@ -179,6 +197,16 @@ class SeedEachBatch(Dataset):
         if name == "dataset":  # not set yet (while unpickling in a spawned worker)
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+
+def _seed_from(batch: Any) -> None:
+    seed = getattr(batch, "seed", None)
+    if seed is not None:
+        random.seed(seed)
+        torch.default_generator.manual_seed(seed)
+        numpy = sys.modules.get("numpy")  # seeded only where something imported it
+        if numpy is not None:
+            numpy.random.seed(seed % 2**32)
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:
@@ -369,10 +397,12 @@ def _resumable_loader(loader: DataLoader, seed: int) -> tuple[DataLoader, Resuma
     # Workers draw a batch's random numbers from its own seed (SeedEachBatch); in the main
     # process they come from the global generators, which checkpoints save and restore.
     workers = loader.num_workers > 0
-    sampler = ResumableBatchSampler(loader.batch_sampler, seed, seed_batches=workers)
+    batched = loader.batch_sampler is not None  # batch_size=None: every index is a batch
+    indices = loader.batch_sampler if batched else loader.sampler
+    sampler = ResumableBatchSampler(indices, seed, seed_batches=workers)
     rebuilt = DataLoader(
         SeedEachBatch(loader.dataset) if workers else loader.dataset,
-        batch_sampler=sampler,
+        **({"batch_sampler": sampler} if batched else {"sampler": sampler, "batch_size": None}),
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
