@@ -273,3 +273,47 @@ def test_a_loader_of_whole_batches_resumes_exactly(workers):
     assert all(map(torch.equal, inputs.seen, full_inputs.seen[5:]))
     assert torch.equal(flat_params(resumed.state.model), flat_params(full.state.model))
     assert full.state.timestamp.sample == 16 * 16  # each batch counted by its samples
+
+
+class EpochBatches:
+    """A batch sampler of its own (no ``.sampler``), shuffled by the epoch it is told."""
+
+    def __init__(self):
+        self.epoch = None
+        self.told = []
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        self.told.append(epoch)
+
+    def __iter__(self):
+        order = torch.randperm(128, generator=torch.Generator().manual_seed(self.epoch))
+        return iter(order.view(8, 16).tolist())
+
+    def __len__(self):
+        return 8
+
+
+def test_a_batch_sampler_of_its_own_is_told_the_epoch_and_resumes_in_it():
+    full_sampler, resumed_sampler = EpochBatches(), EpochBatches()
+    full_inputs, inputs = Inputs(), Inputs()
+    full = Trainer(
+        model=mlp(), train_dataloader=DataLoader(blobs(128), batch_sampler=full_sampler),
+        max_duration="2ep", callbacks=[full_inputs], progress_bar=False, device="cpu", seed=3,
+    )  # fmt: skip
+    full.fit()
+    assert full_sampler.told == [0, 1]
+
+    first = Trainer(
+        model=mlp(), train_dataloader=DataLoader(blobs(128), batch_sampler=EpochBatches()),
+        max_duration="2ep", callbacks=[StopAt(11)], progress_bar=False, device="cpu", seed=3,
+    )  # fmt: skip
+    first.fit()
+    resumed = Trainer(
+        model=mlp(), train_dataloader=DataLoader(blobs(128), batch_sampler=resumed_sampler),
+        max_duration="2ep", callbacks=[inputs], progress_bar=False, device="cpu", seed=3,
+    )  # fmt: skip
+    resumed.state.load_state_dict(copy.deepcopy(first.state.state_dict()))
+    resumed.fit()
+    assert resumed_sampler.told == [1]  # mid-epoch 1, after 3 of its 8 batches
+    assert all(map(torch.equal, inputs.seen, full_inputs.seen[11:])) and len(inputs.seen) == 5
