@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import operator
 import random
 import sys
 import warnings
@@ -95,11 +96,17 @@ class ResumableBatchSampler:
     """
 
     def __init__(
-        self, batch_sampler: Iterable[list[int]], seed: int, *, seed_batches: bool = False
+        self,
+        batch_sampler: Iterable[Any],
+        seed: int,
+        *,
+        seed_batches: bool = False,
+        each_index_a_batch: bool = False,
     ):
         self.batch_sampler = batch_sampler
         self.seed = seed
         self.seed_batches = seed_batches
+        self.each_index_a_batch = each_index_a_batch
         self.epoch = 0
         self.skip = 0
 
@@ -109,8 +116,8 @@ class ResumableBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         # A generator, so nothing happens (the skip is not used up) until the first batch is
         # asked for: a DataLoader with workers calls iter() on its sampler twice and
-        # iterates only the second.
-        # A BatchSampler's sampler, or the sampler itself (automatic batching off).
+        # iterates only the second. The sampler to seed: a BatchSampler's, or the wrapped
+        # one itself (a batch sampler of the user's own, or automatic batching off).
         sampler = getattr(self.batch_sampler, "sampler", self.batch_sampler)
         if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
             sampler.set_epoch(self.epoch)
@@ -124,10 +131,12 @@ class ResumableBatchSampler:
         prefix = f"{self.seed}/{self.epoch}/{dist.get_rank()}/"
         for number, batch in enumerate(batches, start=skip):
             seed = _batch_seed(prefix, number)
-            if isinstance(batch, int):
-                yield SeededIndex(batch, seed)
-            else:
+            if not self.each_index_a_batch:
                 yield SeededBatch(batch, seed)
+            elif hasattr(batch, "__index__"):  # an int, a NumPy integer, ...
+                yield SeededIndex(operator.index(batch), seed)
+            else:
+                yield batch  # a key of another kind: loaded as it is, unseeded
 
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]
@@ -169,8 +178,8 @@ class SeedEachBatch(Dataset):
     augmentation gets depends on what that worker loaded before. Skipping trained batches
     without loading them (`SamplerPosition`), or starting the workers afresh on resume,
     changes that, so a resumed run would augment differently from an uninterrupted one.
-    Here a worker seeds its generators from the batch's `SeededBatch` seed before loading
-    it: a batch's augmentations are the same whichever worker loads it, how many workers
+    Here a worker seeds its generators from the batch's seed (`SeededBatch`, or
+    `SeededIndex` when each index is a batch) before loading it: a batch's augmentations are the same whichever worker loads it, how many workers
     there are, and whether the run resumed.
     """
 
@@ -399,7 +408,9 @@ def _resumable_loader(loader: DataLoader, seed: int) -> tuple[DataLoader, Resuma
     workers = loader.num_workers > 0
     batched = loader.batch_sampler is not None  # batch_size=None: every index is a batch
     indices = loader.batch_sampler if batched else loader.sampler
-    sampler = ResumableBatchSampler(indices, seed, seed_batches=workers)
+    sampler = ResumableBatchSampler(
+        indices, seed, seed_batches=workers, each_index_a_batch=not batched
+    )
     rebuilt = DataLoader(
         SeedEachBatch(loader.dataset) if workers else loader.dataset,
         **({"batch_sampler": sampler} if batched else {"sampler": sampler, "batch_size": None}),
