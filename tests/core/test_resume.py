@@ -6,10 +6,18 @@ import random
 import numpy
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from toy import CountingDataset, blobs, flat_params, mlp
-from trainkit.core import Algorithm, Callback, Event, LinearWithWarmupScheduler, Trainer
+from trainkit.core import (
+    Algorithm,
+    Callback,
+    DataSpec,
+    Event,
+    LinearWithWarmupScheduler,
+    Trainer,
+    dist,
+)
 
 
 class BatchCounter(Callback):
@@ -317,3 +325,36 @@ def test_a_batch_sampler_of_its_own_is_told_the_epoch_and_resumes_in_it():
     resumed.fit()
     assert resumed_sampler.told == [1]  # mid-epoch 1, after 3 of its 8 batches
     assert all(map(torch.equal, inputs.seen, full_inputs.seen[11:])) and len(inputs.seen) == 5
+
+
+class Noisy(Dataset):
+    """`blobs` plus standard normal noise drawn where the sample is loaded."""
+
+    def __init__(self):
+        self.x, self.y = blobs(128).tensors
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return self.x[index] + torch.randn(8), self.y[index]
+
+
+def _first_batch(data_slice):
+    # The first batch of one data-parallel slice (of 2), as the Trainer's training data
+    # loads it with 2 workers; its noise (the inputs less the clean samples).
+    sampler = DistributedSampler(Noisy(), num_replicas=2, rank=data_slice, seed=4)
+    data = DataSpec(DataLoader(Noisy(), batch_size=16, sampler=sampler, num_workers=2))
+    data.make_resumable(seed=17)
+    inputs = next(iter(data.iter_epoch(0)))[0]
+    return inputs - Noisy().x[list(sampler)[:16]]
+
+
+def test_ranks_reading_one_slice_augment_it_alike_and_other_slices_differently(monkeypatch):
+    # Ranks of one tensor-parallel group read the same slice and must see the same inputs;
+    # each data-parallel slice gets draws of its own, not the same noise on other samples.
+    rank0_slice0, rank0_slice1 = _first_batch(0), _first_batch(1)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)  # as on another rank of the job
+    rank1_slice0 = _first_batch(0)
+    assert torch.equal(rank0_slice0, rank1_slice0)
+    assert not torch.allclose(rank0_slice0, rank0_slice1, atol=0.1)

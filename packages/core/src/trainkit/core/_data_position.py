@@ -16,6 +16,7 @@ A user's own kind of data implements `DataPosition` and passes it as
 
 from __future__ import annotations
 
+import array
 import hashlib
 import itertools
 import operator
@@ -92,7 +93,9 @@ class ResumableBatchSampler:
     The skipped batches are index lists only: no sample is loaded to get past them, so a
     run resumes mid-epoch at the cost of drawing the epoch's permutation once. With
     ``seed_batches`` each batch comes as a `SeededBatch` (or `SeededIndex`), its seed fixed
-    by (seed, epoch, batch, rank), for `SeedEachBatch` to seed the worker that loads it.
+    by (seed, epoch, batch number, the batch's indices), for `SeedEachBatch` to seed the
+    worker that loads it. The indices, not the rank: ranks that read the same batch (a
+    tensor-parallel group) augment it alike, ranks that read their own slice differently.
     """
 
     def __init__(
@@ -128,13 +131,14 @@ class ResumableBatchSampler:
         if not self.seed_batches:
             yield from batches
             return
-        prefix = f"{self.seed}/{self.epoch}/{dist.get_rank()}/"
+        prefix = f"{self.seed}/{self.epoch}/"
         for number, batch in enumerate(batches, start=skip):
-            seed = _batch_seed(prefix, number)
             if not self.each_index_a_batch:
-                yield SeededBatch(batch, seed)
+                batch = list(batch)
+                yield SeededBatch(batch, _batch_seed(prefix, number, batch))
             elif hasattr(batch, "__index__"):  # an int, a NumPy integer, ...
-                yield SeededIndex(operator.index(batch), seed)
+                index = operator.index(batch)
+                yield SeededIndex(index, _batch_seed(prefix, number, [index]))
             else:
                 yield batch  # a key of another kind: loaded as it is, unseeded
 
@@ -165,9 +169,13 @@ class SeededIndex(int):
         return int(self), self.seed
 
 
-def _batch_seed(prefix: str, number: int) -> int:
-    digest = hashlib.blake2b(f"{prefix}{number}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+def _batch_seed(prefix: str, number: int, indices: list[Any]) -> int:
+    digest = hashlib.blake2b(f"{prefix}{number}/".encode(), digest_size=8)
+    try:
+        digest.update(array.array("q", indices).tobytes())
+    except (TypeError, OverflowError):  # keys other than integers
+        digest.update(repr(indices).encode())
+    return int.from_bytes(digest.digest(), "little")
 
 
 class SeedEachBatch(Dataset):
