@@ -20,7 +20,6 @@ import array
 import hashlib
 import itertools
 import operator
-import random
 import sys
 import warnings
 from collections.abc import Iterable, Iterator
@@ -30,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainkit.core import dist
+from trainkit.core._rng import seed_everything
 
 __all__ = [
     "DataPosition",
@@ -170,7 +170,7 @@ class SeededIndex(int):
 
 
 def _batch_seed(prefix: str, number: int, indices: list[Any]) -> int:
-    digest = hashlib.blake2b(f"{prefix}{number}/".encode(), digest_size=8)
+    digest = hashlib.blake2b(f"{prefix}{number}/".encode(), digest_size=4)  # a 32-bit seed
     try:
         digest.update(array.array("q", indices).tobytes())
     except (TypeError, OverflowError):  # keys other than integers
@@ -219,11 +219,7 @@ class SeedEachBatch(Dataset):
 def _seed_from(batch: Any) -> None:
     seed = getattr(batch, "seed", None)
     if seed is not None:
-        random.seed(seed)
-        torch.default_generator.manual_seed(seed)
-        numpy = sys.modules.get("numpy")  # seeded only where something imported it
-        if numpy is not None:
-            numpy.random.seed(seed % 2**32)
+        seed_everything(seed)
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:
