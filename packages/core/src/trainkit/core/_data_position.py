@@ -187,8 +187,9 @@ class SeedEachBatch(Dataset):
     without loading them (`SamplerPosition`), or starting the workers afresh on resume,
     changes that, so a resumed run would augment differently from an uninterrupted one.
     Here a worker seeds its generators from the batch's seed (`SeededBatch`, or
-    `SeededIndex` when each index is a batch) before loading it: a batch's augmentations are the same whichever worker loads it, how many workers
-    there are, and whether the run resumed.
+    `SeededIndex` when each index is a batch) before loading it: a batch's augmentations
+    are the same whichever worker loads it, how many workers there are, and whether the
+    run resumed.
     """
 
     def __init__(self, dataset: Any):
