@@ -96,26 +96,57 @@ def default_num_tokens(batch: Batch) -> int:
 
 
 def default_split_batch(batch: Batch, microbatch_size: int) -> list[Batch]:
-    """Split along dim 0 into chunks of ``microbatch_size`` (the last may be smaller)."""
+    """Split along dim 0 into chunks of ``microbatch_size`` (the last may be smaller).
+
+    Tensors are split along dim 0; mappings, tuples and lists holding tensors element by
+    element. A list or tuple with no tensor in it (one plain value per sample: ids, texts)
+    is split along its length, and a plain value beside the tensors (a string, number,
+    bool or None: a setting for the whole batch) goes to every microbatch, as Composer does.
+    """
     if isinstance(batch, torch.Tensor):
         return list(batch.split(microbatch_size))
+    if isinstance(batch, list | tuple) and _first_tensor(batch) is None:
+        return [batch[i : i + microbatch_size] for i in range(0, len(batch), microbatch_size)]
     if isinstance(batch, Mapping):
-        parts = {k: default_split_batch(v, microbatch_size) for k, v in batch.items()}
+        parts = {
+            k: default_split_batch(v, microbatch_size)
+            for k, v in batch.items()
+            if not isinstance(v, _PLAIN)
+        }
         count = _common_count(parts.values(), batch)
-        return [type(batch)({k: v[i] for k, v in parts.items()}) for i in range(count)]
+        return [
+            type(batch)({k: parts[k][i] if k in parts else v for k, v in batch.items()})
+            for i in range(count)
+        ]
     if isinstance(batch, list | tuple):
-        parts_list = [default_split_batch(v, microbatch_size) for v in batch]
-        count = _common_count(parts_list, batch)
+        split = [
+            None if isinstance(v, _PLAIN) else default_split_batch(v, microbatch_size)
+            for v in batch
+        ]
+        count = _common_count([p for p in split if p is not None], batch)
         build = (lambda xs: type(batch)(*xs)) if hasattr(batch, "_fields") else type(batch)
-        return [build([p[i] for p in parts_list]) for i in range(count)]
+        return [
+            build([v if p is None else p[i] for v, p in zip(batch, split, strict=True)])
+            for i in range(count)
+        ]
     raise TypeError(
         f"cannot split a batch element of type {type(batch).__name__} into microbatches; "
-        "pass DataSpec(split_batch=...) or use tensors, tuples, lists or dicts of them"
+        "pass DataSpec(split_batch=...) or use tensors, plain values, and tuples, lists or "
+        "dicts of them"
     )
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))  # the same in every microbatch
 
 
 def _common_count(parts: Iterable[Sequence[Any]], batch: Batch) -> int:
     counts = {len(p) for p in parts}
+    if not counts:
+        raise TypeError(
+            f"cannot split a {type(batch).__name__} batch of plain values only into "
+            "microbatches: it holds no tensor and no per-sample list; pass "
+            "DataSpec(split_batch=...)"
+        )
     if len(counts) != 1:
         raise ValueError(
             f"batch elements have different sizes along dim 0 ({sorted(counts)} microbatches); "
