@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainkit.core import Trainer, TrainModel
-from trainkit.core.data import default_split_batch
+from trainkit.core.data import default_num_samples, default_split_batch
 
 
 def test_per_sample_lists_are_split_and_settings_go_to_every_microbatch():
@@ -29,6 +29,15 @@ def test_per_sample_lists_are_split_and_settings_go_to_every_microbatch():
     assert all(p["task"] == "lm" for p in parts)
     assert torch.equal(torch.cat([p["x"] for p in parts]), batch["x"])
     assert torch.equal(torch.cat([p["meta"]["id"] for p in parts]), batch["meta"]["id"])
+
+
+def test_a_0d_tensor_is_a_setting_for_the_whole_batch():
+    batch = {"scale": torch.tensor(0.5), "x": torch.zeros(4, 2)}
+    assert default_num_samples(batch) == 4
+    parts = default_split_batch(batch, 2)
+    assert len(parts) == 2 and all(p["scale"] is batch["scale"] for p in parts)
+    per_sample = [torch.tensor(float(i)) for i in range(4)]  # one 0-d tensor per sample
+    assert default_split_batch(per_sample, 3) == [per_sample[:3], per_sample[3:]]
 
 
 def test_a_plain_value_in_a_tuple_batch_goes_to_every_microbatch():

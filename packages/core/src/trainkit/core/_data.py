@@ -51,10 +51,12 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
 
 
 def _first_tensor(batch: Batch) -> torch.Tensor | None:
+    # The first tensor with a batch dimension (a 0-d tensor is a setting, not samples).
     if isinstance(batch, torch.Tensor):
-        return batch
-    if type(batch) in (tuple, list) and batch and isinstance(batch[0], torch.Tensor):
-        return batch[0]  # the common (inputs, targets) batch, without the general walk
+        return batch if batch.ndim else None
+    first = batch[0] if type(batch) in (tuple, list) and batch else None
+    if isinstance(first, torch.Tensor) and first.ndim:
+        return first  # the common (inputs, targets) batch, without the general walk
     values = batch.values() if isinstance(batch, Mapping) else batch
     if isinstance(values, Iterable) and not isinstance(values, str | bytes):
         for value in values:
@@ -101,7 +103,8 @@ def default_split_batch(batch: Batch, microbatch_size: int) -> list[Batch]:
     Tensors are split along dim 0; mappings, tuples and lists holding tensors element by
     element. A list or tuple with no tensor in it (one plain value per sample: ids, texts)
     is split along its length, and a plain value beside the tensors (a string, number,
-    bool or None: a setting for the whole batch) goes to every microbatch, as Composer does.
+    bool, None or 0-d tensor: a setting for the whole batch) goes to every microbatch, as
+    Composer does for plain values.
     """
     if isinstance(batch, torch.Tensor):
         return list(batch.split(microbatch_size))
@@ -111,7 +114,7 @@ def default_split_batch(batch: Batch, microbatch_size: int) -> list[Batch]:
         parts = {
             k: default_split_batch(v, microbatch_size)
             for k, v in batch.items()
-            if not isinstance(v, _PLAIN)
+            if not _same_in_every_microbatch(v)
         }
         count = _common_count(parts.values(), batch)
         return [
@@ -120,7 +123,7 @@ def default_split_batch(batch: Batch, microbatch_size: int) -> list[Batch]:
         ]
     if isinstance(batch, list | tuple):
         split = [
-            None if isinstance(v, _PLAIN) else default_split_batch(v, microbatch_size)
+            None if _same_in_every_microbatch(v) else default_split_batch(v, microbatch_size)
             for v in batch
         ]
         count = _common_count([p for p in split if p is not None], batch)
@@ -136,7 +139,12 @@ def default_split_batch(batch: Batch, microbatch_size: int) -> list[Batch]:
     )
 
 
-_PLAIN = (str, bytes, int, float, bool, type(None))  # the same in every microbatch
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _same_in_every_microbatch(value: Any) -> bool:
+    # A plain value, or a 0-d tensor: a setting for the whole batch.
+    return isinstance(value, _PLAIN) or (isinstance(value, torch.Tensor) and value.ndim == 0)
 
 
 def _common_count(parts: Iterable[Sequence[Any]], batch: Batch) -> int:
