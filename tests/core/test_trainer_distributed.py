@@ -57,3 +57,63 @@ def test_two_ranks_agree():
     assert results[1]["sizes"] == [16, 8, 4, 4]
     assert results[0]["seed"] == results[1]["seed"]  # one run seed, broadcast from rank 0
     assert results[0]["draw"] != results[1]["draw"]  # rank r is seeded with seed + r
+
+
+class _WholeBatches(torch.utils.data.Dataset):
+    """Five batches of 20 samples, each index a whole batch (for ``batch_size=None``)."""
+
+    def __init__(self, data):
+        self.x, self.y = data.tensors
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, index):
+        return self.x[index * 20 : (index + 1) * 20], self.y[index * 20 : (index + 1) * 20]
+
+
+def _eval_with_repeats(rank, world_size):
+    # 101 samples do not divide among 2 or 4 ranks: a DistributedSampler without drop_last
+    # repeats 1 (or 3) of them so that every rank gets as many.
+    data = blobs(101, seed=5)
+    trainer = _trainer(mlp(seed=0), rank, seed=3)
+    loaders = {
+        "batches of 16": DataLoader(data, batch_size=16, sampler=DistributedSampler(data)),
+        "batches of 1": DataLoader(data, batch_size=1, sampler=DistributedSampler(data)),
+        # 51 samples a rank (2 ranks): 3 full batches of 17, the repeat in the last one.
+        "drop_last, 17": DataLoader(
+            data, batch_size=17, drop_last=True, sampler=DistributedSampler(data)
+        ),
+        "whole batches": DataLoader(
+            _WholeBatches(blobs(100, seed=5)),
+            batch_size=None,
+            sampler=DistributedSampler(range(5), shuffle=False),
+        ),
+    }
+    results = {}
+    for name, eval_loader in loaders.items():
+        metrics = trainer.eval(eval_loader)
+        accuracy = trainer.state.eval_metrics["eval"]["accuracy"]
+        results[name] = (float(metrics["metrics/eval/cross_entropy"]), int(accuracy.count))
+    return results
+
+
+def test_eval_counts_each_sample_once_when_a_distributed_sampler_repeats_some():
+    single = _trainer(mlp(seed=0), 0, seed=3)
+    expected = float(single.eval(loader(blobs(101, seed=5)))["metrics/eval/cross_entropy"])
+    expected_100 = float(single.eval(loader(blobs(100, seed=5)))["metrics/eval/cross_entropy"])
+    for world_size in (2, 4):
+        results = run_ranks(_eval_with_repeats, world_size)
+        counts = {name: sum(r[name][1] for r in results) for name in results[0]}
+        assert counts["batches of 16"] == counts["batches of 1"] == 101
+        for name in ("batches of 16", "batches of 1"):
+            for result in results:
+                assert abs(result[name][0] - expected) < 1e-5, (world_size, name)
+        # Whole batches: 5 among the ranks, the repeated ones not counted.
+        assert counts["whole batches"] == 100
+        assert all(abs(r["whole batches"][0] - expected_100) < 1e-5 for r in results)
+        if world_size == 2:
+            assert counts["drop_last, 17"] == 101
+            assert all(abs(r["drop_last, 17"][0] - expected) < 1e-5 for r in results)
+        else:  # 26 a rank: one batch of 17, the rest (with the repeats) dropped
+            assert counts["drop_last, 17"] == 4 * 17

@@ -15,8 +15,10 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from trainkit.core import dist
+from trainkit.core._data import DataSpec
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._metrics import Metric
@@ -273,24 +275,77 @@ def _evaluate_one(
         metric.reset()
     engine.run_event(Event.EVAL_START)
     data = evaluator.data
+    repeat = _repeated_at_end(data)
     batches = data.iter_epoch(0)
     if limit is not None:
         batches = itertools.islice(batches, limit)
     with torch.no_grad():
-        for batch in batches:
+        for index, batch in enumerate(batches):
             state.batch = data.device_transfer(batch, state.device)
+            count = True
+            if repeat is not None and index == repeat[0]:
+                state.batch, count = _drop_repeat(data, state.batch, whole=repeat[1])
             engine.run_event(Event.EVAL_BATCH_START)
             engine.run_event(Event.EVAL_BEFORE_FORWARD)
             with state.precision.autocast():
                 state.outputs = eval_forward(model, state.batch)
             engine.run_event(Event.EVAL_AFTER_FORWARD)
-            for metric in metrics.values():
-                model.update_metric(state.batch, state.outputs, metric)
+            if count:
+                for metric in metrics.values():
+                    model.update_metric(state.batch, state.outputs, metric)
             engine.run_event(Event.EVAL_BATCH_END)
     results = {f"metrics/{evaluator.label}/{name}": m.compute() for name, m in metrics.items()}
     engine.logger.log_metrics(results)
     engine.run_event(Event.EVAL_END)
     return results
+
+
+def _repeated_at_end(data: DataSpec) -> tuple[int, bool] | None:
+    """Where this rank's eval data ends in a sample that a `DistributedSampler` repeated.
+
+    Without ``drop_last``, a `DistributedSampler` pads the index list with its first
+    indices until every rank gets as many; the repeats are the last index of ranks
+    ``num_replicas - padding`` and up. Metrics are summed over ranks, so evaluating a
+    repeat would count its sample twice (Composer removes it too). Returns the index of the
+    batch that holds the repeat, and whether the repeat is that whole batch (a loader with
+    ``batch_size=None``, whose indices are batches) or its last sample; None when this rank
+    has no repeat, or when the loader is not a `DataLoader` over a `DistributedSampler`.
+    """
+    loader = data.dataloader
+    if not isinstance(loader, DataLoader):
+        return None
+    batches = loader.batch_sampler
+    if batches is None:
+        sampler = loader.sampler
+    elif type(batches) is BatchSampler:
+        sampler = batches.sampler
+    else:
+        return None  # the user's own batch sampler: where the repeat lands is its business
+    # A subclass that draws its own indices may pad differently (or not at all).
+    if (
+        not isinstance(sampler, DistributedSampler)
+        or type(sampler).__iter__ is not DistributedSampler.__iter__
+        or sampler.drop_last
+    ):
+        return None
+    padding = sampler.total_size - len(sampler.dataset)  # type: ignore[arg-type]
+    if sampler.rank < sampler.num_replicas - padding:
+        return None
+    if batches is None:
+        return len(sampler) - 1, True
+    if batches.drop_last and len(sampler) % batches.batch_size:
+        return None  # the last, partial batch is dropped, and the repeat with it
+    return len(batches) - 1, False
+
+
+def _drop_repeat(data: DataSpec, batch: Any, *, whole: bool) -> tuple[Any, bool]:
+    # The batch without its last sample, and whether the metrics should count it. A batch
+    # that is only the repeat still goes through the forward (sharded models need every
+    # rank in every forward), uncounted.
+    size = data.get_num_samples_in_batch(batch)
+    if whole or size <= 1:
+        return batch, False
+    return data.split_batch(batch, size - 1)[0], True
 
 
 def eval_forward(model: nn.Module, batch: Any) -> Any:
