@@ -62,5 +62,23 @@ class OOMAbove(TrainModel):
         return self.inner.loss(outputs, batch)
 
 
+class EvalOOM(Classifier):
+    """Records each eval forward's size; runs out of memory above ``limit`` samples, and on
+    the forward calls numbered in ``fail_calls`` (1-based)."""
+
+    def __init__(self, limit: int = 1000, fail_calls: tuple[int, ...] = ()):
+        torch.manual_seed(0)
+        super().__init__(
+            nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), num_classes=2
+        )
+        self.limit, self.fail_calls, self.sizes = limit, set(fail_calls), []
+
+    def eval_forward(self, batch):
+        self.sizes.append(batch[0].shape[0])
+        if batch[0].shape[0] > self.limit or len(self.sizes) in self.fail_calls:
+            raise torch.OutOfMemoryError(f"fake out of memory at {batch[0].shape[0]} samples")
+        return super().eval_forward(batch)
+
+
 def flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -48,6 +48,22 @@ def test_defaults_and_overrides(tmp_path):
     assert config.components["optimizers"] is None  # the Trainer's default (AdamW)
 
 
+def test_eval_microbatch_size_from_yaml_reaches_the_evaluators(tmp_path):
+    from trainkit.cli._build import build_run
+    from trainkit.core import Trainer
+
+    path = write(tmp_path, BASE + "trainer: {max_duration: 1ba, device: cpu}\n")
+    for value, expected in (("auto", (None, True)), ("4", (4, False))):
+        override = f"trainer.device_eval_microbatch_size={value}"
+        config = load_config(path, [override, "checkpoint=null"], run_dir=tmp_path / "run")
+        trainer = Trainer(build_run(config).config)
+        trainer.close()
+        (evaluator,) = trainer.state.evaluators
+        assert (evaluator.device_eval_microbatch_size, evaluator.auto_microbatching) == expected
+    with pytest.raises(ConfigError, match="device_eval_microbatch_size 0 is not valid"):
+        load_config(path, ["trainer.device_eval_microbatch_size=0"])
+
+
 def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
     # YAML 1.1 (PyYAML) reads 3e-4 as a string; configs and --set read it as a float.
     path = write(tmp_path, BASE + "optimizers: {name: AdamW, lr: 3e-4, eps: 1.0E-8}\n")

@@ -1,5 +1,5 @@
-"""Training on a CUDA device: auto-microbatching on a real out-of-memory error, compile, and
-the peak-memory target (run with `uv run pytest -m gpu`; skipped without a GPU).
+"""Training on a CUDA device: auto-microbatching on a real out-of-memory error (training and
+evaluation), compile, and the peak-memory target (run with `uv run pytest -m gpu`; skipped without a GPU).
 
 amp_bf16 and amp_fp16 with its scaler are in tests/core/test_gpu_precision.py.
 """
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toy import blobs, flat_params, loader, mlp
-from trainkit.core import Callback, Trainer, TrainModel
+from trainkit.core import Callback, Classifier, Evaluator, Trainer, TrainModel
 
 pytestmark = pytest.mark.gpu
 
@@ -92,6 +92,40 @@ def test_auto_microbatching_halves_on_a_real_cuda_oom_and_matches_the_size_it_la
     assert fixed == landed
     torch.testing.assert_close(losses, fixed_losses, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(params, fixed_params, rtol=1e-5, atol=1e-6)
+
+
+class WideScores(nn.Module):
+    """`WideActivations` as a classifier's network (inputs -> scores)."""
+
+    def __init__(self, features: int, width: int):
+        super().__init__()
+        self.scale = nn.Parameter(1 + 0.1 * torch.randn(width))
+        self.head = nn.Linear(features, 2)
+
+    def forward(self, inputs):
+        return self.head(torch.relu(inputs[:, :, None] * self.scale).mean(-1))
+
+
+def test_auto_eval_microbatching_halves_on_a_real_cuda_oom_and_keeps_the_metrics():
+    batch, features = 64, 16
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    torch.manual_seed(0)
+    model = Classifier(WideScores(features, width_for(free, batch, features)), num_classes=2)
+    trainer = Trainer(model=model, max_duration="1ba", device="cuda", progress_bar=False, seed=0)
+    data = loader(blobs(3 * batch, features), batch_size=batch, shuffle=False)
+    auto = Evaluator(label="eval", data=data, device_eval_microbatch_size="auto")
+    metrics = {k: float(v) for k, v in trainer.eval(auto).items()}
+    landed = auto.device_eval_microbatch_size
+    assert landed is not None and landed < batch and batch % landed == 0
+    assert int(trainer.state.eval_metrics["eval"]["accuracy"].count) == 3 * batch
+    fixed = Evaluator(label="eval", data=data, device_eval_microbatch_size=landed)
+    expected = {k: float(v) for k, v in trainer.eval(fixed).items()}
+    assert metrics == pytest.approx(expected, rel=1e-5)
+    del trainer, model
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 class Losses(Callback):

@@ -4,8 +4,8 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from multirank import run_ranks
-from toy import OOMAbove, blobs, loader, mlp
-from trainkit.core import SingleProcess, Trainer
+from toy import EvalOOM, OOMAbove, blobs, loader, mlp
+from trainkit.core import Evaluator, SingleProcess, Trainer
 
 
 def _trainer(model, rank, **kwargs):
@@ -76,7 +76,6 @@ def _eval_with_repeats(rank, world_size):
     # 101 samples do not divide among 2 or 4 ranks: a DistributedSampler without drop_last
     # repeats 1 (or 3) of them so that every rank gets as many.
     data = blobs(101, seed=5)
-    trainer = _trainer(mlp(seed=0), rank, seed=3)
     loaders = {
         "batches of 16": DataLoader(data, batch_size=16, sampler=DistributedSampler(data)),
         "batches of 1": DataLoader(data, batch_size=1, sampler=DistributedSampler(data)),
@@ -90,16 +89,35 @@ def _eval_with_repeats(rank, world_size):
             sampler=DistributedSampler(range(5), shuffle=False),
         ),
     }
+    # Microbatches of 1: rank 1's last one is only the repeat, still run (a sharded model
+    # needs every rank in every forward) and not counted.
+    loaders["microbatches of 1"] = Evaluator(
+        label="eval",
+        data=DataLoader(data, batch_size=16, sampler=DistributedSampler(data)),
+        device_eval_microbatch_size=1,
+    )
+    # Rank 1 runs out of memory above 4 samples, rank 0 never: both halve together.
+    loaders["auto"] = Evaluator(
+        label="eval",
+        data=DataLoader(data, batch_size=16, sampler=DistributedSampler(data)),
+        device_eval_microbatch_size="auto",
+    )
     results = {}
     for name, eval_loader in loaders.items():
+        model = EvalOOM(limit=4 if rank == 1 and name == "auto" else 1000)
+        trainer = _trainer(model, rank, seed=3)
         metrics = trainer.eval(eval_loader)
         accuracy = trainer.state.eval_metrics["eval"]["accuracy"]
-        results[name] = (float(metrics["metrics/eval/cross_entropy"]), int(accuracy.count))
+        results[name] = (
+            float(metrics["metrics/eval/cross_entropy"]),
+            int(accuracy.count),
+            list(model.sizes),
+        )
     return results
 
 
 def test_eval_counts_each_sample_once_when_a_distributed_sampler_repeats_some():
-    single = _trainer(mlp(seed=0), 0, seed=3)
+    single = _trainer(EvalOOM(), 0, seed=3)
     expected = float(single.eval(loader(blobs(101, seed=5)))["metrics/eval/cross_entropy"])
     expected_100 = float(single.eval(loader(blobs(100, seed=5)))["metrics/eval/cross_entropy"])
     for world_size in (2, 4):
@@ -117,3 +135,15 @@ def test_eval_counts_each_sample_once_when_a_distributed_sampler_repeats_some():
             assert all(abs(r["drop_last, 17"][0] - expected) < 1e-5 for r in results)
         else:  # 26 a rank: one batch of 17, the rest (with the repeats) dropped
             assert counts["drop_last, 17"] == 4 * 17
+        # Every rank runs as many forwards, the repeats uncounted.
+        per_sample = [r["microbatches of 1"][2] for r in results]
+        assert all(sizes == per_sample[0] for sizes in per_sample)
+        assert counts["microbatches of 1"] == 101
+        # Out of memory on rank 1 only: every rank halved to 4 and retried the batch.
+        # (Rank 0 finishes each attempt: 16, then 8 and 8, then 4s from the first batch on.)
+        assert results[1]["auto"][2][:3] == [16, 8, 4]
+        assert results[0]["auto"][2][:5] == [16, 8, 8, 4, 4]
+        assert all(max(r["auto"][2][3:]) == 4 for r in results)
+        assert counts["auto"] == 101
+        for name in ("microbatches of 1", "auto"):
+            assert all(abs(r[name][0] - expected) < 1e-5 for r in results), (world_size, name)

@@ -20,7 +20,7 @@ from trainkit.core._preemption import PreemptionRequest
 from trainkit.core._rng import get_rng_state, set_rng_state
 from trainkit.core._time import Time, Timestamp, TimeUnit
 
-__all__ = ["Evaluator", "State", "check_subset_num_batches"]
+__all__ = ["Evaluator", "State", "check_eval_microbatch_size", "check_subset_num_batches"]
 
 
 @dataclass(kw_only=True)
@@ -36,6 +36,10 @@ class Evaluator:
             default: the Trainer's ``eval_subset_num_batches``).
         eval_interval: when this evaluator runs during ``fit``, as the Trainer's
             ``eval_interval`` (default: that one).
+        device_eval_microbatch_size: evaluate each batch in microbatches of this many
+            samples (an int), or ``"auto"``: whole batches until one runs out of memory,
+            then half the size, agreed across ranks and kept for the batches after.
+            Default: the Trainer's ``device_eval_microbatch_size`` (None: whole batches).
     """
 
     label: str
@@ -43,6 +47,11 @@ class Evaluator:
     metric_names: Sequence[str] | None = None
     subset_num_batches: int | None = None
     eval_interval: Any = None
+    device_eval_microbatch_size: int | str | None = None
+    auto_microbatching: bool = field(default=False, init=False)
+    """Whether ``device_eval_microbatch_size`` halves on out-of-memory (given as
+    ``"auto"``); the size it has come to is then ``device_eval_microbatch_size`` (None:
+    whole batches so far)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, DataSpec):
@@ -52,6 +61,29 @@ class Evaluator:
         self.subset_num_batches = check_subset_num_batches(
             self.subset_num_batches, f"evaluator {self.label!r} subset_num_batches"
         )
+        self.set_microbatch_size(self.device_eval_microbatch_size)
+
+    def set_microbatch_size(self, value: int | str | None) -> None:
+        """Set ``device_eval_microbatch_size`` (a positive int, ``"auto"`` or None)."""
+        size, auto = check_eval_microbatch_size(
+            value, f"evaluator {self.label!r} device_eval_microbatch_size"
+        )
+        self.device_eval_microbatch_size, self.auto_microbatching = size, auto
+
+
+def check_eval_microbatch_size(value: Any, what: str) -> tuple[int | None, bool]:
+    """``(size, auto)`` for a ``device_eval_microbatch_size``: a positive int, ``"auto"``
+    or None."""
+    if value is None:
+        return None, False
+    if value == "auto":
+        return None, True
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"{what} {value!r} is not valid; use a positive int, 'auto' (halve on "
+            "out-of-memory), or None (whole batches)"
+        )
+    return value, False
 
 
 def check_subset_num_batches(value: Any, what: str) -> int | None:

@@ -166,7 +166,7 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
             return loss
         _clear_after_oom(state, batch)
         assert saved is not None
-        _restore_metrics(state, saved)
+        _restore_metrics(state.train_metrics, saved)
         _halve_microbatch(state, batch)
 
 
@@ -184,17 +184,15 @@ def _sums_only(metric: Any) -> bool:
     return isinstance(metric, Metric) and type(metric).reset is Metric.reset
 
 
-def _restore_metrics(state: State, saved: dict[str, Any]) -> None:
-    restored = {}
-    for name, metric in state.train_metrics.items():
+def _restore_metrics(metrics: dict[str, Any], saved: dict[str, Any]) -> None:
+    # In place: a metric saved as its sums gets them back, any other is replaced by its copy.
+    for name, metric in list(metrics.items()):
         value = saved[name]
         if isinstance(value, torch.Tensor):
             metric.total.copy_(value[0])
             metric.count.copy_(value[1])
-            restored[name] = metric
         else:
-            restored[name] = value
-    state.train_metrics = restored
+            metrics[name] = value
 
 
 def _clear_after_oom(state: State, batch: Any) -> None:
@@ -203,6 +201,10 @@ def _clear_after_oom(state: State, batch: Any) -> None:
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
     state.precision.reset_after_oom()
+    _free_after_oom(state)
+
+
+def _free_after_oom(state: State) -> None:
     gc.collect()
     if state.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -282,22 +284,88 @@ def _evaluate_one(
     with torch.no_grad():
         for index, batch in enumerate(batches):
             state.batch = data.device_transfer(batch, state.device)
-            count = True
-            if repeat is not None and index == repeat[0]:
-                state.batch, count = _drop_repeat(data, state.batch, whole=repeat[1])
             engine.run_event(Event.EVAL_BATCH_START)
-            engine.run_event(Event.EVAL_BEFORE_FORWARD)
-            with state.precision.autocast():
-                state.outputs = eval_forward(model, state.batch)
-            engine.run_event(Event.EVAL_AFTER_FORWARD)
-            if count:
-                for metric in metrics.values():
-                    model.update_metric(state.batch, state.outputs, metric)
+            drop = None
+            if repeat is not None and index == repeat[0]:
+                drop = "batch" if repeat[1] else "sample"
+            _evaluate_batch(state, engine, model, evaluator, metrics, drop)
             engine.run_event(Event.EVAL_BATCH_END)
     results = {f"metrics/{evaluator.label}/{name}": m.compute() for name, m in metrics.items()}
     engine.logger.log_metrics(results)
     engine.run_event(Event.EVAL_END)
     return results
+
+
+def _evaluate_batch(
+    state: State,
+    engine: Engine,
+    model: nn.Module,
+    evaluator: Evaluator,
+    metrics: dict[str, Any],
+    drop: Literal["sample", "batch"] | None,
+) -> None:
+    # state.batch in the evaluator's microbatches, halving them on out-of-memory when auto
+    # (every rank retries together, as in training); ``drop`` leaves a repeated last sample
+    # (or the whole batch) out of the metrics. state.batch is the whole batch afterwards.
+    batch = state.batch
+    auto = evaluator.auto_microbatching
+    while True:
+        saved = _save_metrics(metrics) if auto else None
+        try:
+            _eval_microbatches(state, engine, model, evaluator, metrics, drop)
+            out_of_memory = False
+        except torch.OutOfMemoryError:
+            if not auto:
+                raise
+            out_of_memory = True
+        if auto:
+            out_of_memory = dist.any_rank(out_of_memory, state.device)
+        state.batch = batch
+        if not out_of_memory:
+            return
+        state.outputs = None
+        assert saved is not None
+        _restore_metrics(metrics, saved)
+        _free_after_oom(state)
+        current = evaluator.device_eval_microbatch_size or evaluator.data.get_num_samples_in_batch(
+            batch
+        )
+        if current <= 1:
+            raise RuntimeError(
+                f"out of memory evaluating {evaluator.label!r} with "
+                f"device_eval_microbatch_size=1: one sample does not fit on {state.device}. "
+                "Use lower precision ('amp_bf16'), a shorter sequence, or shard the model (FSDP)"
+            )
+        evaluator.device_eval_microbatch_size = current // 2
+
+
+def _eval_microbatches(
+    state: State,
+    engine: Engine,
+    model: nn.Module,
+    evaluator: Evaluator,
+    metrics: dict[str, Any],
+    drop: Literal["sample", "batch"] | None,
+) -> None:
+    data, batch, size = evaluator.data, state.batch, evaluator.device_eval_microbatch_size
+    if size and size < data.get_num_samples_in_batch(batch):
+        microbatches = list(data.split_batch(batch, size))
+    else:
+        microbatches = [batch]
+    last = len(microbatches) - 1
+    for index, microbatch in enumerate(microbatches):
+        count = drop != "batch"
+        if drop == "sample" and index == last:
+            # Within the last microbatch, so every rank runs as many forwards.
+            microbatch, count = _drop_repeat(data, microbatch)
+        state.batch = microbatch
+        engine.run_event(Event.EVAL_BEFORE_FORWARD)
+        with state.precision.autocast():
+            state.outputs = eval_forward(model, state.batch)
+        engine.run_event(Event.EVAL_AFTER_FORWARD)
+        if count:
+            for metric in metrics.values():
+                model.update_metric(state.batch, state.outputs, metric)
 
 
 def _repeated_at_end(data: DataSpec) -> tuple[int, bool] | None:
@@ -338,12 +406,12 @@ def _repeated_at_end(data: DataSpec) -> tuple[int, bool] | None:
     return len(batches) - 1, False
 
 
-def _drop_repeat(data: DataSpec, batch: Any, *, whole: bool) -> tuple[Any, bool]:
+def _drop_repeat(data: DataSpec, batch: Any) -> tuple[Any, bool]:
     # The batch without its last sample, and whether the metrics should count it. A batch
     # that is only the repeat still goes through the forward (sharded models need every
     # rank in every forward), uncounted.
     size = data.get_num_samples_in_batch(batch)
-    if whole or size <= 1:
+    if size <= 1:
         return batch, False
     return data.split_batch(batch, size - 1)[0], True
 

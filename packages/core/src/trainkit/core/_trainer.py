@@ -24,7 +24,7 @@ from trainkit.core._precision import (
 )
 from trainkit.core._preemption import check_preemption_signals
 from trainkit.core._rng import random_seed, seed_everything
-from trainkit.core._state import State, check_subset_num_batches
+from trainkit.core._state import Evaluator, State, check_subset_num_batches
 from trainkit.core._step import eval_forward, evaluate, optimizer_step, train_batch
 from trainkit.core._time import Time, TimeUnit, ensure_time
 from trainkit.core._trainer_config import TrainerConfig, check_max_duration
@@ -76,6 +76,7 @@ class Trainer(Configurable, config=TrainerConfig):
         for evaluator in evaluators:
             if evaluator.subset_num_batches is None:
                 evaluator.subset_num_batches = config.eval_subset_num_batches
+        self._default_eval_microbatch(evaluators)
         self._eval_triggers = [
             (e, interval_trigger(e.eval_interval or config.eval_interval)) for e in evaluators
         ]
@@ -248,6 +249,7 @@ class Trainer(Configurable, config=TrainerConfig):
         subset = check_subset_num_batches(subset_num_batches, "subset_num_batches")
         if eval_dataloader is not None:
             evaluators = setup.make_evaluators(eval_dataloader)
+            self._default_eval_microbatch(evaluators)
             unwrapped = state.parallelism.unwrap(state.model)
             state.eval_metrics.update(setup.eval_metrics_for(unwrapped, evaluators, state.device))
         else:
@@ -260,6 +262,12 @@ class Trainer(Configurable, config=TrainerConfig):
             state, self.engine, evaluators, standalone=True, subset_num_batches=subset
         )
         return self.last_eval
+
+    def _default_eval_microbatch(self, evaluators: list[Evaluator]) -> None:
+        # The Trainer's device_eval_microbatch_size, for evaluators that set none.
+        for evaluator in evaluators:
+            if evaluator.device_eval_microbatch_size is None and not evaluator.auto_microbatching:
+                evaluator.set_microbatch_size(self.config.device_eval_microbatch_size)
 
     def predict(self, dataloader: Any, *, return_outputs: bool = True) -> list[Any]:
         """Run ``eval_forward`` over ``dataloader``; returns the outputs (moved to CPU)."""

@@ -18,7 +18,7 @@ from trainkit.core._nonfinite import check_nonfinite_mode
 from trainkit.core._parallel import ParallelStrategy
 from trainkit.core._precision import Precision, check_device, check_precision
 from trainkit.core._preemption import check_preemption_signals
-from trainkit.core._state import check_subset_num_batches
+from trainkit.core._state import check_eval_microbatch_size, check_subset_num_batches
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core.config import slot
 
@@ -68,6 +68,10 @@ class TrainerConfig:
     eval_subset_num_batches: int | None = None
     """Evaluate on the first this many batches of each eval loader (None or -1: all). An
     `Evaluator` may set its own."""
+    device_eval_microbatch_size: int | str | None = None
+    """Evaluate in microbatches of this many samples, or ``"auto"`` (whole batches, halved
+    on out-of-memory, agreed across ranks); None: whole batches. An `Evaluator` may set its
+    own."""
     train_subset_num_batches: int | None = None
     """End every training epoch after this many batches (None or -1: the whole loader);
     epochs then count these shorter passes."""
@@ -181,6 +185,7 @@ class TrainerConfig:
         self.eval_subset_num_batches = check_subset_num_batches(
             self.eval_subset_num_batches, "eval_subset_num_batches"
         )
+        check_eval_microbatch_size(self.device_eval_microbatch_size, "device_eval_microbatch_size")
         self.train_subset_num_batches = check_subset_num_batches(
             self.train_subset_num_batches, "train_subset_num_batches"
         )
