@@ -107,6 +107,17 @@ class Tokens(Dataset):
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
 
 
+class MaskedTokens(Tokens):
+    """`Tokens` whose labels leave out (-100) most positions of every odd sample: the ranks
+    of a data-parallel run hold very different numbers of label tokens."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        labels = self.ids[index].clone()
+        if index % 2:
+            labels[:6] = -100
+        return {"input_ids": self.ids[index], "labels": labels}
+
+
 def import_transformers() -> None:
     """Import the transformers models here, before forking, so no rank imports them again."""
     from transformers import GPT2LMHeadModel, LlamaForCausalLM  # noqa: F401
@@ -150,11 +161,14 @@ def make_trainer(
     tensor: int = 1,
     batches: int = 3,
     optimizer: str = "adamw",
+    data: Dataset | None = None,
     **kwargs: Any,
 ) -> Trainer:
-    """A Trainer on this rank's share of the data (``tensor`` ranks share each slice)."""
+    """A Trainer on this rank's share of the data (``tensor`` ranks share each slice;
+    default data: `Tokens` for language models, else blobs)."""
     network = model()
-    data = Tokens() if isinstance(network, HuggingFaceModel) else blobs(64, seed=1)
+    if data is None:
+        data = Tokens() if isinstance(network, HuggingFaceModel) else blobs(64, seed=1)
     if optimizer == "adamw":
         built = torch.optim.AdamW(network.parameters(), lr=0.02)
     else:

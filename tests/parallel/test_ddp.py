@@ -10,13 +10,16 @@ from multirank import run_ranks
 from parallel.helpers import (
     Blocks,
     ClipGrad,
+    MaskedTokens,
     assert_close,
+    gpt2,
+    import_transformers,
     make_trainer,
     max_difference,
     train,
 )
 from trainkit.core import Callback, ParallelStrategy, State, TrainModel
-from trainkit.parallel import DDP
+from trainkit.parallel import DDP, FSDP
 
 
 class GradsAgree(Callback):
@@ -76,6 +79,25 @@ def test_ddp_trains_like_one_process(world):
         assert rank_probes["single_auto"] == last_only  # no_sync for all but the last
         assert rank_probes["forced"] == last_only  # one all-reduce after the last backward
         assert rank_probes["multi_auto"] == [True] * microbatches
+
+
+def _token_weighted(rank, world):
+    options = {"model": gpt2, "data": MaskedTokens(), "optimizer": "sgd"}
+    return {
+        "ddp": train(DDP(), rank, world, **options),
+        "ddp, microbatches": train(DDP(), rank, world, device_train_microbatch_size=3, **options),
+        "fsdp": train(FSDP(), rank, world, **options),
+    }
+
+
+def test_ranks_with_more_label_tokens_weigh_more_as_in_one_process():
+    # Rank 0 reads the even samples (7 label tokens each), rank 1 the odd ones (1 each). A
+    # plain average of the ranks' gradients would weigh rank 1's tokens 7 times as much.
+    import_transformers()
+    runs = run_ranks(_token_weighted, 2)[0]
+    options = {"model": gpt2, "data": MaskedTokens(), "optimizer": "sgd"}
+    alone = train(None, 0, 1, **options)
+    assert_close(runs, dict.fromkeys(runs, alone), 1e-5)
 
 
 def _wrapping(rank, world):

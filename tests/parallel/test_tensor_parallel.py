@@ -11,6 +11,7 @@ from multirank import run_ranks
 from parallel.helpers import (
     BLOCKS_TP_PLAN,
     Blocks,
+    MaskedTokens,
     assert_close,
     gpt2,
     import_transformers,
@@ -79,6 +80,12 @@ def _fsdp_tensor_parallel_runs(rank, world):
     for name in ("blocks", "gpt2", "llama_sp"):
         strategy = FSDP(tensor_parallel=_plan(name, degree=2))
         runs[name] = train(strategy, rank, world, model=MODELS[name], tensor=2, **SGD)
+    # Slices with different numbers of label tokens: each weighs by its tokens, and the
+    # tensor-parallel peers that share a slice count it once.
+    runs["gpt2, masked"] = train(
+        FSDP(tensor_parallel=_plan("gpt2", degree=2)),
+        rank, world, model=gpt2, tensor=2, data=MaskedTokens(), **SGD,
+    )  # fmt: skip
     trainer = make_trainer(FSDP(tensor_parallel=_plan("blocks", 2)), rank, world, tensor=2)
     weight = trainer.state.model.blocks[0].up.weight
     mesh = (weight.device_mesh.mesh_dim_names, len(weight.placements))
@@ -89,8 +96,9 @@ def _fsdp_tensor_parallel_runs(rank, world):
 def test_fsdp_with_tensor_parallel_trains_like_one_process():
     import_transformers()
     runs, (mesh_dims, placements), counted = run_ranks(_fsdp_tensor_parallel_runs, 4)[0]
-    references = {name: train(None, 0, 1, model=MODELS[name], **SGD) for name in runs}
-    assert_close(runs, references, 1e-5)
+    references = {name: train(None, 0, 1, model=MODELS[name], **SGD) for name in MODELS}
+    references["gpt2, masked"] = train(None, 0, 1, model=gpt2, data=MaskedTokens(), **SGD)
+    assert_close(runs, {name: references[name] for name in runs}, 1e-5)
     assert (mesh_dims, placements) == (("shard", "tensor"), 2)  # 2-D: FSDP x TP
     # 2 data-parallel groups of 2 tensor-parallel ranks: 3 global batches of 16 samples.
     assert counted == (2, 48)

@@ -27,7 +27,8 @@ class TrainModel(nn.Module):
 
     A model whose loss is a mean over something other than samples (tokens, pixels) may
     define ``loss_weight(batch)``: how many items of that kind a batch holds. Gradient
-    accumulation then weights microbatches by it, so the result equals the full batch.
+    accumulation then weights microbatches by it, and data-parallel ranks are weighted by
+    it too, so the gradient equals one process's on the whole step's batch.
     """
 
     def forward(self, batch: Any) -> Any:

@@ -22,6 +22,7 @@ from trainkit.core._data import DataSpec
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._metrics import Metric
+from trainkit.core._parallel import SingleProcess
 from trainkit.core._precision import _NO_AUTOCAST
 from trainkit.core._state import Evaluator, State
 
@@ -45,7 +46,9 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     Each microbatch's loss is weighted by its share of the batch, so the accumulated
     gradient equals the gradient of the whole batch's mean loss. The share is counted by
     the model's ``loss_weight(batch)`` when it has one (label tokens, for token-mean
-    losses), else in samples. Gradient synchronisation is skipped
+    losses), else in samples; with ``loss_weight``, data-parallel ranks are weighted by
+    their share of the step's total too (`_rank_share`). The returned loss is this rank's
+    batch mean. Gradient synchronisation is skipped
     (``parallelism.no_sync``) for all but the last microbatch. ``state.outputs`` is set to
     None after AFTER_LOSS unless a registered component declares ``needs_outputs``
     (`Engine.outputs_needed`), so the model's outputs are freed before backward.
@@ -60,19 +63,20 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
         weights = microbatch_weights(unwrapped, data, microbatches)
     else:
         microbatches = None  # the whole batch at once: no loop (this runs every step)
+    share = _rank_share(state, unwrapped, batch)
     autocast = state.precision.autocast()
     engine.run_event(Event.BEFORE_TRAIN_BATCH)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
     if microbatches is None:
-        total = _forward_backward(state, engine, model, unwrapped, autocast, None).detach()
+        total = _forward_backward(state, engine, model, unwrapped, autocast, None, share).detach()
     else:
         total = None
         last = len(microbatches) - 1
         for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
             state.batch = microbatch
             with _SYNC if index == last else state.parallelism.no_sync(model):
-                scaled = _forward_backward(state, engine, model, unwrapped, autocast, weight)
+                scaled = _forward_backward(state, engine, model, unwrapped, autocast, weight, share)
             total = scaled.detach() if total is None else total + scaled.detach()
         assert total is not None
     state.batch = batch
@@ -88,9 +92,11 @@ def _forward_backward(
     unwrapped: nn.Module,
     autocast: contextlib.AbstractContextManager[None],
     weight: float | None,
+    share: torch.Tensor | None,
 ) -> torch.Tensor:
     # One microbatch (state.batch): forward, loss, backward with their events; returns the
-    # loss as weighted for the backward.
+    # loss weighted by the microbatch's share of this rank's batch. The backward also
+    # weighs it by ``share``, this rank's part of the data-parallel batch (`_rank_share`).
     engine.run_event(Event.BEFORE_FORWARD)
     if autocast is _NO_AUTOCAST:  # fp32: no context to enter (this runs every step)
         state.outputs = model(state.batch)
@@ -111,7 +117,7 @@ def _forward_backward(
         state.outputs = None  # not kept alive through backward and the step
     engine.run_event(Event.BEFORE_BACKWARD)
     scaled = state.loss if weight is None else state.loss * weight
-    state.precision.backward(scaled)
+    state.precision.backward(scaled if share is None else scaled * share)
     engine.run_event(Event.AFTER_BACKWARD)
     return scaled
 
@@ -134,6 +140,28 @@ def microbatch_weights(model: nn.Module, data: Any, microbatches: list[Any]) -> 
     counts = [measure(microbatch) for microbatch in microbatches]
     total = sum(counts)
     return [count / total for count in counts]
+
+
+def _rank_share(state: State, model: nn.Module, batch: Any) -> torch.Tensor | None:
+    """How much this rank's loss weighs in the data-parallel batch, for a model whose loss is
+    a mean over its ``loss_weight`` (label tokens); None when there is nothing to weigh.
+
+    Data-parallel ranks average their gradients, which weighs every rank's batch alike. A
+    rank with 1000 label tokens and one with 200 would then count each of the second
+    rank's tokens 5 times as much. Scaling each rank's loss by ``world * local / total``
+    (``total`` summed over all ranks, in one scalar all-reduce per step) makes the averaged
+    gradient that of the mean over every label token of the step, as one process training
+    on the whole batch would get (Composer's ``accumulate_train_batch_on_tokens``). Ranks
+    that read one batch (tensor parallel) count it once each and cancel out.
+    """
+    if state.data_parallel_size == 1 or isinstance(state.parallelism, SingleProcess):
+        return None  # one replica, or independent replicas: no gradients are averaged
+    measure = getattr(model, "loss_weight", None)
+    if measure is None:
+        return None
+    local = torch.as_tensor(measure(batch), device=state.device).to(torch.float32)
+    total = dist.all_reduce(local.clone(), "sum")
+    return local * dist.get_world_size() / total
 
 
 def _update_train_metrics(state: State, unwrapped: nn.Module) -> None:
