@@ -146,6 +146,15 @@ def test_a_model_that_memorised_prompt_to_answer_reaches_exact_match_one():
     after = trainer.eval(eval_dataloader=_evaluator(eval_batches))["metrics/gen/ExactMatch"]
     assert before.item() < 1.0
     assert after.item() == 1.0
+    # In microbatches of one prompt, the batch's generation_kwargs going to each.
+    split = Evaluator(
+        label="gen",
+        data=[_generate_batch(tokenizer, list(PAIRS), list(PAIRS.values()), max_new_tokens=4)],
+        metric_names=["ExactMatch"],
+        device_eval_microbatch_size=1,
+    )
+    assert trainer.eval(eval_dataloader=split)["metrics/gen/ExactMatch"].item() == 1.0
+    assert int(trainer.state.eval_metrics["gen"]["ExactMatch"].count) == len(PAIRS)
 
 
 def test_generate_mode_without_a_tokenizer_is_a_clear_error():

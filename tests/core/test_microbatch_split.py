@@ -40,6 +40,15 @@ def test_a_0d_tensor_is_a_setting_for_the_whole_batch():
     assert default_split_batch(per_sample, 3) == [per_sample[:3], per_sample[3:]]
 
 
+def test_a_mapping_of_settings_goes_to_every_microbatch_whole():
+    # A generate-mode eval batch: its generation_kwargs are settings for the whole batch.
+    kwargs = {"max_new_tokens": 4, "do_sample": False, "stop": {"text": None}}
+    batch = {"input_ids": torch.zeros(3, 5), "answers": ["a", "b", "c"], "kwargs": kwargs}
+    parts = default_split_batch(batch, 2)
+    assert [p["answers"] for p in parts] == [["a", "b"], ["c"]]
+    assert all(p["kwargs"] is kwargs for p in parts)
+
+
 def test_a_plain_value_in_a_tuple_batch_goes_to_every_microbatch():
     inputs, targets = torch.randn(4, 3), torch.arange(4)
     parts = default_split_batch((inputs, targets, 0.5), 3)

@@ -103,8 +103,9 @@ def default_split_batch(batch: Batch, microbatch_size: int) -> list[Batch]:
     Tensors are split along dim 0; mappings, tuples and lists holding tensors element by
     element. A list or tuple with no tensor in it (one plain value per sample: ids, texts)
     is split along its length, and a plain value beside the tensors (a string, number,
-    bool, None or 0-d tensor: a setting for the whole batch) goes to every microbatch, as
-    Composer does for plain values.
+    bool, None or 0-d tensor: a setting for the whole batch), or a mapping of only such
+    values (``generation_kwargs``), goes to every microbatch, as Composer does for plain
+    values.
     """
     if isinstance(batch, torch.Tensor):
         return list(batch.split(microbatch_size))
@@ -143,7 +144,10 @@ _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
 def _same_in_every_microbatch(value: Any) -> bool:
-    # A plain value, or a 0-d tensor: a setting for the whole batch.
+    # A plain value, a 0-d tensor, or a mapping of only these (generation_kwargs): a
+    # setting for the whole batch.
+    if isinstance(value, Mapping):
+        return all(_same_in_every_microbatch(v) for v in value.values())
     return isinstance(value, _PLAIN) or (isinstance(value, torch.Tensor) and value.ndim == 0)
 
 
