@@ -10,6 +10,7 @@ from multirank import run_ranks
 from parallel.helpers import (
     Blocks,
     ClipGrad,
+    LossLog,
     MaskedTokens,
     assert_close,
     gpt2,
@@ -81,23 +82,35 @@ def test_ddp_trains_like_one_process(world):
         assert rank_probes["multi_auto"] == [True] * microbatches
 
 
+def _losses(strategy, rank, world, **options):
+    log = LossLog()
+    trainer = make_trainer(strategy, rank, world, callbacks=[log], **options)
+    trainer.fit()
+    return log.losses
+
+
 def _token_weighted(rank, world):
     options = {"model": gpt2, "data": MaskedTokens(), "optimizer": "sgd"}
-    return {
+    weights = {
         "ddp": train(DDP(), rank, world, **options),
         "ddp, microbatches": train(DDP(), rank, world, device_train_microbatch_size=3, **options),
         "fsdp": train(FSDP(), rank, world, **options),
     }
+    return weights, _losses(DDP(), rank, world, **options)
 
 
 def test_ranks_with_more_label_tokens_weigh_more_as_in_one_process():
     # Rank 0 reads the even samples (7 label tokens each), rank 1 the odd ones (1 each). A
     # plain average of the ranks' gradients would weigh rank 1's tokens 7 times as much.
     import_transformers()
-    runs = run_ranks(_token_weighted, 2)[0]
+    results = run_ranks(_token_weighted, 2)
     options = {"model": gpt2, "data": MaskedTokens(), "optimizer": "sgd"}
     alone = train(None, 0, 1, **options)
-    assert_close(runs, dict.fromkeys(runs, alone), 1e-5)
+    assert_close(results[0][0], dict.fromkeys(results[0][0], alone), 1e-5)
+    # Every rank's loss is the step's: one process's loss on the whole batch.
+    expected = _losses(None, 0, 1, **options)
+    for _, losses in results:
+        assert losses == pytest.approx(expected, abs=1e-5)
 
 
 def _wrapping(rank, world):

@@ -150,7 +150,7 @@ class SAM(ComposableAlgorithm, config=SAMConfig):
             # The run's algorithms, passes and callbacks, on the same state: a second
             # engine, since an algorithm is not handed the one running it.
             self._engine = Engine(state, logger)
-        kept = (state.total_loss, state.outputs, state.loss, state.train_metrics)
+        kept = (state.total_loss, state.rank_loss, state.outputs, state.loss, state.train_metrics)
         buffers = [(b, b.detach().clone()) for b in model.buffers()]
         if state.precision.scales_loss:
             state.precision.reset_after_oom()  # forget the first gradient's unscaling
@@ -161,7 +161,7 @@ class SAM(ComposableAlgorithm, config=SAMConfig):
             run_microbatches(state, self._engine)
         finally:
             self._replaying = False
-            state.total_loss, state.outputs, state.loss, state.train_metrics = kept
+            state.total_loss, state.rank_loss, state.outputs, state.loss, state.train_metrics = kept
             with torch.no_grad():
                 for buffer, value in buffers:
                     buffer.copy_(value)

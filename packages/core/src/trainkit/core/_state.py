@@ -139,6 +139,11 @@ class State:
     outputs: Any = None
     loss: torch.Tensor | None = None
     total_loss: torch.Tensor | None = None
+    """The step's loss, from AFTER_TRAIN_BATCH: the mean over the batch's microbatches
+    and over the data-parallel ranks (the same on every rank), weighted as the gradient."""
+    rank_loss: torch.Tensor | None = None
+    """This rank's part of ``total_loss``: the mean loss of its own batch (``total_loss``
+    itself on one rank). Non-finite losses are checked on it, to name the rank."""
     preemption: PreemptionRequest | None = None
     """Set by ``fit`` after the batch at which every rank agreed to stop because of a
     preemption signal (None otherwise): a checkpointer saves at that ``BATCH_CHECKPOINT``."""

@@ -47,8 +47,12 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     gradient equals the gradient of the whole batch's mean loss. The share is counted by
     the model's ``loss_weight(batch)`` when it has one (label tokens, for token-mean
     losses), else in samples; with ``loss_weight``, data-parallel ranks are weighted by
-    their share of the step's total too (`_rank_share`). The returned loss is this rank's
-    batch mean. Gradient synchronisation is skipped
+    their share of the step's total too (`_rank_share`). The returned loss (also
+    ``state.total_loss``) is the step's, the same on every data-parallel rank: the mean
+    over the ranks, weighted as the gradient is. Under ``state.auto_microbatching``, every
+    rank raises `torch.OutOfMemoryError` when any rank ran out of memory (one collective
+    per call), so that all can retry together (`train_batch`). Gradient synchronisation is
+    skipped
     (``parallelism.no_sync``) for all but the last microbatch. ``state.outputs`` is set to
     None after AFTER_LOSS unless a registered component declares ``needs_outputs``
     (`Engine.outputs_needed`), so the model's outputs are freed before backward.
@@ -68,19 +72,31 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     engine.run_event(Event.BEFORE_TRAIN_BATCH)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
-    if microbatches is None:
-        total = _forward_backward(state, engine, model, unwrapped, autocast, None, share).detach()
-    else:
-        total = None
-        last = len(microbatches) - 1
-        for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
-            state.batch = microbatch
-            with _SYNC if index == last else state.parallelism.no_sync(model):
-                scaled = _forward_backward(state, engine, model, unwrapped, autocast, weight, share)
-            total = scaled.detach() if total is None else total + scaled.detach()
-        assert total is not None
+    failed: torch.OutOfMemoryError | None = None
+    try:
+        if microbatches is None:
+            total = _forward_backward(state, engine, model, unwrapped, autocast, None, share)
+        else:
+            total = None
+            last = len(microbatches) - 1
+            for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
+                state.batch = microbatch
+                with _SYNC if index == last else state.parallelism.no_sync(model):
+                    scaled = _forward_backward(
+                        state, engine, model, unwrapped, autocast, weight, share
+                    )
+                total = scaled.detach() if total is None else total + scaled.detach()
+            assert total is not None
+    except torch.OutOfMemoryError as error:
+        if not state.auto_microbatching:
+            raise
+        failed = error
     state.batch = batch
-    state.total_loss = total
+    if state.auto_microbatching and dist.any_rank(failed is not None, state.device):
+        # Every rank stops here alike, before the collectives below.
+        raise failed or torch.OutOfMemoryError("another rank ran out of memory on this batch")
+    state.rank_loss = total = total.detach()
+    state.total_loss = total = _mean_over_ranks(state, total, share)
     engine.run_event(Event.AFTER_TRAIN_BATCH)
     return total
 
@@ -164,6 +180,15 @@ def _rank_share(state: State, model: nn.Module, batch: Any) -> torch.Tensor | No
     return local * dist.get_world_size() / total
 
 
+def _mean_over_ranks(state: State, loss: torch.Tensor, share: torch.Tensor | None) -> torch.Tensor:
+    # The step's loss over the data-parallel ranks (one scalar all-reduce per step), as
+    # Composer logs it: every rank then logs, and decides on, the same value.
+    if state.data_parallel_size == 1 or isinstance(state.parallelism, SingleProcess):
+        return loss
+    weighted = loss.float() * share if share is not None else loss.float()
+    return dist.all_reduce(weighted.clone(), "sum") / dist.get_world_size()
+
+
 def _update_train_metrics(state: State, unwrapped: nn.Module) -> None:
     with torch.no_grad():
         for metric in state.train_metrics.values():
@@ -174,24 +199,19 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
     """`run_microbatches`, halving the microbatch size on out-of-memory when auto.
 
     With ``state.auto_microbatching``, every rank reports whether it ran out of memory
-    (one collective per attempt) and all retry together with half the size, after
-    clearing gradients, outputs, the strategy's and the precision's per-step state.
+    (one collective per attempt, in `run_microbatches`) and all retry together with half
+    the size, after clearing gradients, outputs, the strategy's and the precision's
+    per-step state.
     """
     batch = state.batch
     while True:
         # A failed attempt may already have counted some microbatches in the metrics.
         saved = _save_metrics(state.train_metrics) if state.auto_microbatching else None
         try:
-            loss = run_microbatches(state, engine)
-            out_of_memory = False
+            return run_microbatches(state, engine)
         except torch.OutOfMemoryError:
             if not state.auto_microbatching:
                 raise
-            out_of_memory = True
-        if state.auto_microbatching:
-            out_of_memory = dist.any_rank(out_of_memory, state.device)
-        if not out_of_memory:
-            return loss
         _clear_after_oom(state, batch)
         assert saved is not None
         _restore_metrics(state.train_metrics, saved)
@@ -225,6 +245,7 @@ def _restore_metrics(metrics: dict[str, Any], saved: dict[str, Any]) -> None:
 
 def _clear_after_oom(state: State, batch: Any) -> None:
     state.batch, state.outputs, state.loss, state.total_loss = batch, None, None, None
+    state.rank_loss = None
     state.parallelism.reset_after_oom(state.model)  # e.g. FSDP2's reset_iter_state()
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)

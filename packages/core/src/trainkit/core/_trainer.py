@@ -201,7 +201,8 @@ class Trainer(Configurable, config=TrainerConfig):
             loss = train_batch(state, engine)
             optimizer_step(state)
             finish_batch(state, engine, clock, loss)
-            preempted = guard.after_batch(state, loss)  # all ranks agree: no eval then
+            # This rank's own loss: a non-finite one is reported as this rank's.
+            preempted = guard.after_batch(state, state.rank_loss)
             if not preempted and self._eval_triggers:
                 self._maybe_eval(Event.BATCH_END)
             engine.run_event(Event.BATCH_CHECKPOINT)
