@@ -11,14 +11,16 @@ import torch
 
 from trainkit.core import _setup as setup
 from trainkit.core import dist
+from trainkit.core._data import DataSpec
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._fit_guard import FitGuard
-from trainkit.core._interval import interval_trigger
+from trainkit.core._interval import IntervalTrigger, interval_trigger
 from trainkit.core._logger import Logger
 from trainkit.core._loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
 from trainkit.core._placement import join_process_group, resolve_parallelism
 from trainkit.core._precision import (
+    Precision,
     make_precision,
     resolve_device,
 )
@@ -26,7 +28,7 @@ from trainkit.core._preemption import check_preemption_signals
 from trainkit.core._rng import random_seed, seed_everything
 from trainkit.core._state import Evaluator, State, check_subset_num_batches
 from trainkit.core._step import eval_forward, evaluate, optimizer_step, train_batch
-from trainkit.core._time import Time, TimeUnit, ensure_time
+from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core._trainer_config import TrainerConfig, check_max_duration
 from trainkit.core.config import Configurable, to_plain
 
@@ -141,14 +143,56 @@ class Trainer(Configurable, config=TrainerConfig):
     # --- training --------------------------------------------------------------------------
 
     def fit(
-        self, *, duration: Time | str | int | None = None, train_dataloader: Any = None
+        self,
+        *,
+        duration: Time | str | int | None = None,
+        train_dataloader: Any = None,
+        reset_time: bool = False,
+        train_subset_num_batches: int | None = None,
+        schedulers: Any = None,
+        scale_schedule_ratio: float = 1.0,
+        step_schedulers_every_batch: bool | None = None,
+        eval_dataloader: Any = None,
+        eval_subset_num_batches: int | None = None,
+        eval_interval: Time | str | int | IntervalTrigger | None = None,
+        device_train_microbatch_size: int | str | None = None,
+        precision: str | Precision | None = None,
     ) -> None:
-        """Train until ``max_duration``, or for ``duration`` more (e.g. ``"1ep"``, ``"100ba"``)."""
+        """Train until ``max_duration``, or for ``duration`` more (e.g. ``"1ep"``, ``"100ba"``).
+
+        Calling it again trains on from where the last call stopped; its arguments change
+        the run from here on, as Composer's ``fit`` does, for a next stage of training
+        (new data, schedules, evaluation, microbatching or precision):
+
+        - ``reset_time``: start the clock at zero, so trainkit schedules and algorithms
+          start over as in a new run (model, optimizer state and torch LR schedulers are
+          kept); it trains for ``duration`` if given, else ``max_duration`` again.
+        - ``train_dataloader``, ``train_subset_num_batches``: new training data (it starts
+          a new epoch), and batches per epoch.
+        - ``schedulers`` (with ``scale_schedule_ratio`` and
+          ``step_schedulers_every_batch``): replace the run's schedulers.
+        - ``eval_dataloader`` (with ``eval_subset_num_batches`` and ``eval_interval``):
+          replace the evaluators. Given alone, ``eval_subset_num_batches`` and
+          ``eval_interval`` apply to the current evaluators.
+        - ``device_train_microbatch_size``, ``precision``: as the Trainer's.
+        """
         state = self.state
-        if train_dataloader is not None:
-            self._replace_train_data(train_dataloader)
-        if duration is not None:
-            state.max_duration = self._extend(duration)
+        more = self._more(duration) if duration is not None else None
+        self._restage(
+            reset_time=reset_time,
+            train_dataloader=train_dataloader,
+            train_subset_num_batches=train_subset_num_batches,
+            schedulers=schedulers,
+            scale_schedule_ratio=scale_schedule_ratio,
+            step_schedulers_every_batch=step_schedulers_every_batch,
+            eval_dataloader=eval_dataloader,
+            eval_subset_num_batches=eval_subset_num_batches,
+            eval_interval=eval_interval,
+            device_train_microbatch_size=device_train_microbatch_size,
+            precision=precision,
+        )
+        if more is not None:
+            state.max_duration = Time(state.timestamp.get(more.unit) + more.value, more.unit)
         if state.train_data is None:
             raise ValueError(
                 "no training data: pass train_dataloader to Trainer(...) or to fit(...)"
@@ -305,18 +349,107 @@ class Trainer(Configurable, config=TrainerConfig):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _extend(self, duration: Time | str | int) -> Time:
+    def _restage(
+        self,
+        *,
+        reset_time: bool,
+        train_dataloader: Any,
+        train_subset_num_batches: int | None,
+        schedulers: Any,
+        scale_schedule_ratio: float,
+        step_schedulers_every_batch: bool | None,
+        eval_dataloader: Any,
+        eval_subset_num_batches: int | None,
+        eval_interval: Any,
+        device_train_microbatch_size: int | str | None,
+        precision: str | Precision | None,
+    ) -> None:
+        # fit()'s arguments for the next stage: all checked before any is applied, so a
+        # mistake leaves the run as it was.
+        state = self.state
+        if not isinstance(reset_time, bool):
+            raise TypeError(f"fit(reset_time=...) must be True or False, got {reset_time!r}")
+        train_data = (
+            setup.to_dataspec(train_dataloader, "train_dataloader")
+            if train_dataloader is not None
+            else None
+        )
+        subset = check_subset_num_batches(train_subset_num_batches, "train_subset_num_batches")
+        eval_subset = check_subset_num_batches(eval_subset_num_batches, "eval_subset_num_batches")
+        trigger = interval_trigger(eval_interval) if eval_interval is not None else None
+        evaluators = setup.make_evaluators(eval_dataloader)
+        if schedulers is None and (
+            scale_schedule_ratio != 1.0 or step_schedulers_every_batch is not None
+        ):
+            raise ValueError(
+                "fit(scale_schedule_ratio=..., step_schedulers_every_batch=...) applies to the "
+                "schedulers given with them; pass schedulers=... too"
+            )
+        setup.check_scale_schedule_ratio(scale_schedule_ratio)
+        microbatch = (
+            setup.check_microbatch_size(
+                device_train_microbatch_size, train_data or state.train_data
+            )
+            if device_train_microbatch_size is not None
+            else None
+        )
+        new_precision = (
+            state.parallelism.precision_for(make_precision(precision, state.device))
+            if precision is not None
+            else None
+        )
+
+        if reset_time:
+            state.timestamp = Timestamp()
+        if train_data is not None:
+            self._replace_train_data(train_data)
+        if train_subset_num_batches is not None:
+            state.train_subset_num_batches = subset
+        if schedulers is not None:
+            state.schedulers = setup.make_schedulers(schedulers, state, scale_schedule_ratio)
+            state.max_duration = setup.scale_max_duration(state.max_duration, scale_schedule_ratio)
+            state.step_schedulers_every_batch = setup.step_every_batch(
+                schedulers, step_schedulers_every_batch
+            )
+        if evaluators:
+            self._default_eval_microbatch(evaluators)
+            for evaluator in evaluators:
+                if evaluator.subset_num_batches is None:
+                    evaluator.subset_num_batches = self.config.eval_subset_num_batches
+            unwrapped = state.parallelism.unwrap(state.model)
+            state.evaluators = evaluators
+            state.eval_metrics = setup.eval_metrics_for(unwrapped, evaluators, state.device)
+            self._eval_triggers = [
+                (e, interval_trigger(e.eval_interval or self.config.eval_interval))
+                for e in evaluators
+            ]
+            self.last_eval, self._last_eval_batch = {}, {}  # the new evaluators' from here
+        if eval_subset_num_batches is not None:  # -1 (all) too
+            for evaluator in state.evaluators:
+                evaluator.subset_num_batches = eval_subset
+        if trigger is not None:  # for the evaluators without an interval of their own
+            self._eval_triggers = [
+                (e, t if e.eval_interval is not None else trigger) for e, t in self._eval_triggers
+            ]
+        if microbatch is not None:
+            state.device_train_microbatch_size, state.auto_microbatching = microbatch
+        if new_precision is not None:
+            state.precision = new_precision
+
+    def _more(self, duration: Time | str | int) -> Time:
+        # fit(duration=...): how much longer to train, checked.
         more = ensure_time(duration, "duration")
         if more.unit == TimeUnit.DURATION:
             raise ValueError(
                 f"fit(duration={duration!r}): a fraction of the run cannot extend it; use '2ep', '100ba', ..."
             )
-        return Time(self.state.timestamp.get(more.unit) + more.value, more.unit)
+        self.state.timestamp.get(more.unit)  # raises for units trainkit does not count
+        return more
 
-    def _replace_train_data(self, dataloader: Any) -> None:
+    def _replace_train_data(self, data: DataSpec) -> None:
         state = self.state
-        state.train_data = setup.to_dataspec(dataloader, "train_dataloader")
-        state.train_data.make_resumable(state.seed)
+        state.train_data = data
+        data.make_resumable(state.seed)
         if state.timestamp.batch_in_epoch:
             # The new data starts at its beginning, so it starts a new epoch.
             state.timestamp = state.timestamp.to_next_epoch()
