@@ -112,6 +112,7 @@ def _eval_with_repeats(rank, world_size):
             float(metrics["metrics/eval/cross_entropy"]),
             int(accuracy.count),
             list(model.sizes),
+            int(trainer.state.eval_timestamp.sample),  # this rank's, repeats not counted
         )
     return results
 
@@ -123,6 +124,7 @@ def test_eval_counts_each_sample_once_when_a_distributed_sampler_repeats_some():
     for world_size in (2, 4):
         results = run_ranks(_eval_with_repeats, world_size)
         counts = {name: sum(r[name][1] for r in results) for name in results[0]}
+        assert counts == {name: sum(r[name][3] for r in results) for name in results[0]}
         assert counts["batches of 16"] == counts["batches of 1"] == 101
         for name in ("batches of 16", "batches of 1"):
             for result in results:

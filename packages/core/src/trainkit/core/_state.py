@@ -130,6 +130,12 @@ class State:
     algorithms: list[Algorithm] = field(default_factory=list)
     callbacks: list[Any] = field(default_factory=list)
     timestamp: Timestamp = field(default_factory=Timestamp)
+    eval_timestamp: Timestamp = field(default_factory=Timestamp)
+    """The running evaluator's progress on this rank: zero at its EVAL_START, one batch
+    more at each EVAL_BATCH_END, with the samples and tokens counted in the metrics (a
+    sample that a `DistributedSampler` repeated is not). Not saved in checkpoints."""
+    predict_timestamp: Timestamp = field(default_factory=Timestamp)
+    """`Trainer.predict`'s progress, counted as ``eval_timestamp``, from PREDICT_START."""
     train_metrics: dict[str, Any] = field(default_factory=dict)
     eval_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     dataloader_label: str = "train"

@@ -10,6 +10,7 @@ import contextlib
 import copy
 import gc
 import itertools
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ from trainkit.core._metrics import Metric
 from trainkit.core._parallel import SingleProcess
 from trainkit.core._precision import _NO_AUTOCAST
 from trainkit.core._state import Evaluator, State
+from trainkit.core._time import Timestamp
 
 __all__ = [
     "eval_forward",
@@ -324,6 +326,7 @@ def _evaluate_one(
     metrics = state.eval_metrics[evaluator.label]
     for metric in metrics.values():
         metric.reset()
+    state.eval_timestamp = Timestamp()
     engine.run_event(Event.EVAL_START)
     data = evaluator.data
     repeat = _repeated_at_end(data)
@@ -331,13 +334,21 @@ def _evaluate_one(
     if limit is not None:
         batches = itertools.islice(batches, limit)
     with torch.no_grad():
+        started = time.perf_counter()
         for index, batch in enumerate(batches):
             state.batch = data.device_transfer(batch, state.device)
             engine.run_event(Event.EVAL_BATCH_START)
             drop = None
             if repeat is not None and index == repeat[0]:
                 drop = "batch" if repeat[1] else "sample"
-            _evaluate_batch(state, engine, model, evaluator, metrics, drop)
+            # This rank's counts: ranks may hold different numbers of eval batches, so a
+            # collective per batch could leave one waiting.
+            samples, tokens = _evaluate_batch(state, engine, model, evaluator, metrics, drop)
+            now = time.perf_counter()
+            state.eval_timestamp = state.eval_timestamp.to_next_batch(
+                samples, tokens, now - started
+            )
+            started = now
             engine.run_event(Event.EVAL_BATCH_END)
     results = {f"metrics/{evaluator.label}/{name}": m.compute() for name, m in metrics.items()}
     engine.logger.log_metrics(results)
@@ -352,16 +363,17 @@ def _evaluate_batch(
     evaluator: Evaluator,
     metrics: dict[str, Any],
     drop: Literal["sample", "batch"] | None,
-) -> None:
+) -> tuple[int, int]:
     # state.batch in the evaluator's microbatches, halving them on out-of-memory when auto
     # (every rank retries together, as in training); ``drop`` leaves a repeated last sample
     # (or the whole batch) out of the metrics. state.batch is the whole batch afterwards.
+    # Returns the samples and tokens counted.
     batch = state.batch
     auto = evaluator.auto_microbatching
     while True:
         saved = _save_metrics(metrics) if auto else None
         try:
-            _eval_microbatches(state, engine, model, evaluator, metrics, drop)
+            counted = _eval_microbatches(state, engine, model, evaluator, metrics, drop)
             out_of_memory = False
         except torch.OutOfMemoryError:
             if not auto:
@@ -371,7 +383,7 @@ def _evaluate_batch(
             out_of_memory = dist.any_rank(out_of_memory, state.device)
         state.batch = batch
         if not out_of_memory:
-            return
+            return counted
         state.outputs = None
         assert saved is not None
         _restore_metrics(metrics, saved)
@@ -395,13 +407,14 @@ def _eval_microbatches(
     evaluator: Evaluator,
     metrics: dict[str, Any],
     drop: Literal["sample", "batch"] | None,
-) -> None:
+) -> tuple[int, int]:
     data, batch, size = evaluator.data, state.batch, evaluator.device_eval_microbatch_size
     if size and size < data.get_num_samples_in_batch(batch):
         microbatches = list(data.split_batch(batch, size))
     else:
         microbatches = [batch]
     last = len(microbatches) - 1
+    samples = tokens = 0
     for index, microbatch in enumerate(microbatches):
         count = drop != "batch"
         if drop == "sample" and index == last:
@@ -415,6 +428,9 @@ def _eval_microbatches(
         if count:
             for metric in metrics.values():
                 model.update_metric(state.batch, state.outputs, metric)
+            samples += data.get_num_samples_in_batch(state.batch)
+            tokens += data.get_num_tokens_in_batch(state.batch)
+    return samples, tokens
 
 
 def _repeated_at_end(data: DataSpec) -> tuple[int, bool] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -27,7 +28,12 @@ from trainkit.core._precision import (
 from trainkit.core._preemption import check_preemption_signals
 from trainkit.core._rng import random_seed, seed_everything
 from trainkit.core._state import Evaluator, State, check_subset_num_batches
-from trainkit.core._step import eval_forward, evaluate, optimizer_step, train_batch
+from trainkit.core._step import (
+    eval_forward,
+    evaluate,
+    optimizer_step,
+    train_batch,
+)
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core._trainer_config import TrainerConfig, check_max_duration
 from trainkit.core.config import Configurable, to_plain
@@ -314,16 +320,26 @@ class Trainer(Configurable, config=TrainerConfig):
             if evaluator.device_eval_microbatch_size is None and not evaluator.auto_microbatching:
                 evaluator.set_microbatch_size(self.config.device_eval_microbatch_size)
 
-    def predict(self, dataloader: Any, *, return_outputs: bool = True) -> list[Any]:
-        """Run ``eval_forward`` over ``dataloader``; returns the outputs (moved to CPU)."""
+    def predict(
+        self, dataloader: Any, subset_num_batches: int | None = None, *, return_outputs: bool = True
+    ) -> list[Any]:
+        """Run ``eval_forward`` over ``dataloader`` (its first ``subset_num_batches`` batches;
+        None or -1: all); returns the outputs (moved to CPU). ``state.predict_timestamp``
+        counts the batches and samples done."""
         state, engine = self.state, self.engine
         data = setup.to_dataspec(dataloader, "predict dataloader")
+        limit = check_subset_num_batches(subset_num_batches, "subset_num_batches")
         model = state.parallelism.unwrap(state.model)
         was_training, outputs = model.training, []
         model.eval()
+        state.predict_timestamp = Timestamp()
         engine.run_event(Event.PREDICT_START)
+        batches = data.iter_epoch(0)
+        if limit is not None:
+            batches = itertools.islice(batches, limit)
         with torch.no_grad():
-            for batch in data.iter_epoch(0):
+            started = time.perf_counter()
+            for batch in batches:
                 state.batch = data.device_transfer(batch, state.device)
                 engine.run_event(Event.PREDICT_BATCH_START)
                 engine.run_event(Event.PREDICT_BEFORE_FORWARD)
@@ -332,6 +348,13 @@ class Trainer(Configurable, config=TrainerConfig):
                 engine.run_event(Event.PREDICT_AFTER_FORWARD)
                 if return_outputs:
                     outputs.append(data.device_transfer(state.outputs, torch.device("cpu")))
+                samples = data.get_num_samples_in_batch(state.batch)  # this rank's
+                tokens = data.get_num_tokens_in_batch(state.batch)
+                now = time.perf_counter()
+                state.predict_timestamp = state.predict_timestamp.to_next_batch(
+                    samples, tokens, now - started
+                )
+                started = now
                 engine.run_event(Event.PREDICT_BATCH_END)
         engine.run_event(Event.PREDICT_END)
         model.train(was_training)
