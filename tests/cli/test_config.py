@@ -188,6 +188,10 @@ def test_overrides_into_missing_null_and_named_sections():
             r"schedulers\.0\.milestones: milestone 'half' is not a duration; .*'10ep'.*"
             r"\(got \['0\.3dur', 'half'\]\)",
         ),
+        (
+            "trainer: {max_duration: 1ba, deterministic_mode: true}",
+            r"trainer\.deterministic_mode: unknown field \(got True\); use deterministic=True\. ",
+        ),
         ("parallelism: [ddp, fsdp]", r"parallelism: takes one component, got a list of 2"),
         ("schedulers: [7]", r"schedulers\.0: must be \{name: \.\.\., <field>: <value>, \.\.\.\}"),
         ("callbacks: [{lr: 1}]", r"callbacks\.0: needs a name; name one of the installed"),

@@ -1,8 +1,10 @@
 """Trainer arguments and engine behaviour a Composer script relies on: subsets of batches,
 per-evaluator intervals, standalone evaluation events, close/post_close, traces, logging."""
 
+import dataclasses
 import io
 import logging
+import re
 
 import pytest
 import torch
@@ -261,3 +263,42 @@ def test_torch_scheduler_stepping_is_unchanged_by_subsets():
     trainer.fit()
     assert trainer.state.timestamp.batch == 6
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+
+
+# --- Composer arguments that trainkit spells otherwise ----------------------------------------
+
+
+COMPOSER_ONLY = {
+    "parallelism_config": "FSDP(...), TensorParallel(...) or DDP(...)",
+    "deterministic_mode": "deterministic=True",
+    "precision_config": "MixedPrecision(...)",
+    "compile_config": "compile=True",
+    "ddp_sync_strategy": "DDP(sync=...)",
+    "dist_timeout": "init_distributed(timeout=...)",
+    "console_stream": "ConsoleLogger(stream=...)",
+    "profiler": "Profiler(...)",
+    "algorithm_passes": "register_pass",
+    "load_object_store": "a URL as load_path",
+    "accumulate_train_batch_on_tokens": "loss_weight(batch)",
+    "train_dataloader_label": "labelled 'train'",
+    "spin_dataloaders": "without spinning",
+    "auto_log_hparams": "every field is logged",
+    "load_progress_bar": "not needed",
+    "save_latest_filename": "'latest' is written",
+    "save_metrics": "metrics are always saved",
+    "save_ignore_keys": "not supported",
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSER_ONLY))
+def test_a_composer_argument_says_what_to_use_instead(name):
+    assert name not in {f.name for f in dataclasses.fields(TrainerConfig)}
+    instead = re.escape(COMPOSER_ONLY[name])
+    with pytest.raises(TypeError, match=rf"no field '{name}'; {name}: .*{instead}"):
+        make_trainer(**{name: None})
+    assert TrainerConfig.unknown_field_hints.keys() == COMPOSER_ONLY.keys()
+
+
+def test_an_unknown_argument_without_a_hint_lists_the_fields():
+    with pytest.raises(TypeError, match=r"no field 'device_eval_batch_size'; its fields: model,"):
+        make_trainer(device_eval_batch_size=2)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
-from trainkit.core.config import field_docs, is_slot, settings, slot_group
+from trainkit.core.config import field_docs, is_slot, settings, slot_group, unknown_field_hint
 
 __all__ = [
     "MISSING",
@@ -202,7 +202,8 @@ def unknown_field(
         if not is_slot(f) or (with_slots and slot_group(f) is not None)
     ]
     close = difflib.get_close_matches(name, [f.name for f in fields], n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
+    instead = unknown_field_hint(config_class, name)
+    hint = f"{instead}. " if instead else f"did you mean {close[0]!r}? " if close else ""
     listing = "".join(
         f"\n      {f.name}: "
         + (

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -28,6 +28,32 @@ __all__ = ["TrainerConfig", "check_max_duration"]
 @dataclass(kw_only=True)
 class TrainerConfig:
     """Everything a `Trainer` is built from. ``Trainer(**fields)`` builds it for you."""
+
+    unknown_field_hints: ClassVar[Mapping[str, str]] = {
+        # Composer's Trainer arguments that trainkit spells or does otherwise
+        # (docs/coming-from-composer.md): what a ported script should say instead.
+        "parallelism_config": "give parallelism=FSDP(...), TensorParallel(...) or DDP(...) "
+        "from trainkit.parallel",
+        "deterministic_mode": "use deterministic=True",
+        "precision_config": "give precision=MixedPrecision(...) (a Precision object)",
+        "compile_config": "use compile=True or compile={...} (torch.compile keyword arguments)",
+        "ddp_sync_strategy": "give parallelism=DDP(sync=...)",
+        "dist_timeout": "call trainkit.core.dist.init_distributed(timeout=...) before the Trainer",
+        "console_stream": "give loggers=[ConsoleLogger(stream=...)] (trainkit.loggers)",
+        "profiler": "give callbacks=[Profiler(...)] (trainkit.profiler)",
+        "algorithm_passes": "set Algorithm.ordering_passes, or call "
+        "trainer.engine.register_pass(...)",
+        "load_object_store": "give a URL as load_path (s3://..., gs://..., az://...)",
+        "accumulate_train_batch_on_tokens": "not needed: a model's loss_weight(batch) weighs "
+        "microbatches and ranks (HuggingFaceModel counts label tokens); remove it",
+        "train_dataloader_label": "not needed: the training data is labelled 'train'; remove it",
+        "spin_dataloaders": "not needed: a resumed loader is positioned without spinning; remove it",
+        "auto_log_hparams": "not needed: every field is logged; remove it",
+        "load_progress_bar": "not needed; remove it",
+        "save_latest_filename": "not needed: 'latest' is written beside the checkpoints; remove it",
+        "save_metrics": "not needed: metrics are always saved with the run; remove it",
+        "save_ignore_keys": "not supported; save_weights_only=True saves the model alone",
+    }
 
     model: nn.Module = slot("trainkit.models")
     """The model; it must define ``loss(outputs, batch)`` (a `TrainModel`)."""

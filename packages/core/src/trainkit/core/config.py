@@ -51,6 +51,7 @@ __all__ = [
     "slot_group",
     "slots",
     "to_plain",
+    "unknown_field_hint",
 ]
 
 C = TypeVar("C")
@@ -101,6 +102,14 @@ def check_config_class(config_class: Any, owner: str) -> None:
         )
 
 
+def unknown_field_hint(config_class: type, name: str) -> str | None:
+    """What to use instead of ``name``, which is not a field of ``config_class``: from the
+    class's ``unknown_field_hints`` mapping (a ClassVar; e.g. another library's spelling of
+    a setting, and trainkit's), or None."""
+    hints = getattr(config_class, "unknown_field_hints", None)
+    return hints.get(name) if isinstance(hints, Mapping) else None
+
+
 def build_config(config_class: type[C], config: C | None, options: Mapping[str, Any]) -> C:
     """``config`` (default: the class's defaults) with ``options`` replacing its fields.
 
@@ -120,8 +129,11 @@ def build_config(config_class: type[C], config: C | None, options: Mapping[str, 
     names = [f.name for f in dataclasses.fields(config_class)]  # type: ignore[arg-type]
     unknown = [key for key in options if key not in names]
     if unknown:
+        hints = "".join(
+            f"; {key}: {hint}" for key in unknown if (hint := unknown_field_hint(config_class, key))
+        )
         raise TypeError(
-            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}; "
+            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}{hints}; "
             f"its fields: {', '.join(names) or 'none'}"
         )
     if config is None:
