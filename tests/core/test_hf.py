@@ -168,6 +168,64 @@ def test_gradient_accumulation_with_padding_matches_the_full_batch():
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
 
 
+def _fit_one_batch(batch, microbatch_size):
+    model = _gpt2(seed=3)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0  # every run must compute the same function
+    trainer = Trainer(
+        model=model,
+        train_dataloader=[batch],
+        optimizers=torch.optim.SGD(model.parameters(), lr=1.0),
+        max_duration="1ba",
+        device="cpu",
+        progress_bar=False,
+        device_train_microbatch_size=microbatch_size,
+    )
+    trainer.fit()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return float(trainer.state.total_loss), weights
+
+
+def test_a_microbatch_without_label_tokens_adds_nothing_instead_of_nan():
+    # Sample 1 is all prompt (every label -100), as after truncation in fine-tuning: alone
+    # in a microbatch, a plain token mean would be 0/0 and make the whole step NaN.
+    batch = _batches(1, batch_size=4, seq_len=8)[0]
+    batch["labels"][1] = -100
+    whole_loss, whole = _fit_one_batch(batch, None)
+    for size in (1, 2):
+        loss, weights = _fit_one_batch(batch, size)
+        assert loss == pytest.approx(whole_loss, abs=1e-6)
+        torch.testing.assert_close(weights, whole, rtol=1e-5, atol=1e-5)
+    # A batch with no label token at all trains nothing (loss 0), rather than NaN.
+    batch["labels"][:] = -100
+    loss, weights = _fit_one_batch(batch, None)
+    initial = torch.cat([p.detach().reshape(-1) for p in _gpt2(seed=3).parameters()])
+    assert loss == 0.0 and torch.equal(weights, initial)
+
+
+def test_a_model_whose_forward_takes_no_loss_arguments_is_called_without_them():
+    class Plain(torch.nn.Module):
+        """A causal LM by name, whose forward takes only its inputs."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, VOCAB)
+            self.config = transformers.GPT2Config()
+
+        def forward(self, input_ids, labels):
+            logits = self.embed(input_ids)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            return {"loss": loss, "logits": logits}
+
+    Plain.__name__ = "PlainForCausalLM"
+    model = HuggingFaceModel(Plain())
+    assert model.shift_labels  # so the label tokens are counted, but not passed on
+    batch = _batches(1, batch_size=2, seq_len=4)[0]
+    del batch["attention_mask"]
+    assert torch.isfinite(model.loss(model(batch), batch))
+
+
 def test_from_pretrained_builds_the_wrapper_from_a_save_pretrained_folder(tmp_path):
     original = _gpt2(seed=4).model
     original.save_pretrained(tmp_path / "gpt2")

@@ -8,6 +8,7 @@ output with ``loss`` and ``logits`` (and, for evaluation by generation, has ``ge
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -77,6 +78,9 @@ class HuggingFaceModel(TrainModel):
             encoder_decoder = getattr(self.config, "is_encoder_decoder", False)
             shift_labels = causal_name and not encoder_decoder
         self.shift_labels = shift_labels
+        # transformers' causal-LM loss divides by a given num_items_in_batch instead of
+        # averaging: given the label-token count, a batch with none has loss 0, not 0/0.
+        self._counts_items = shift_labels and _takes_loss_kwargs(model)
         self._eval_metrics = (
             _by_name(eval_metrics)
             if eval_metrics is not None
@@ -131,6 +135,10 @@ class HuggingFaceModel(TrainModel):
                 f"HuggingFaceModel expects dict batches of model inputs (input_ids, "
                 f"attention_mask, labels, ...), got {type(batch).__name__}"
             )
+        if self._counts_items and "labels" in batch and "num_items_in_batch" not in batch:
+            # The same mean over label tokens, except that a (micro)batch with none (a
+            # prompt-only sample) has loss 0 and no gradient: NaN would spoil the step.
+            return self.model(**batch, num_items_in_batch=self.loss_weight(batch).clamp(min=1))
         return self.model(**batch)
 
     def loss(self, outputs: Any, batch: Mapping[str, Any]) -> torch.Tensor:
@@ -249,6 +257,22 @@ class HuggingFaceModel(TrainModel):
         """6 * parameters * tokens: forward and backward of a dense transformer."""
         params = sum(p.numel() for p in self.model.parameters())
         return 6.0 * params * batch["input_ids"].numel()
+
+
+def _takes_loss_kwargs(model: nn.Module) -> bool:
+    # As transformers' Trainer decides whether to pass num_items_in_batch: the model says
+    # so, or its forward takes **kwargs (which transformers models hand to their loss).
+    accepts = getattr(model, "accepts_loss_kwargs", None)
+    if accepts is not None:
+        return bool(accepts)
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD or p.name == "num_items_in_batch"
+        for p in parameters
+    )
 
 
 _TASKS = {
