@@ -189,3 +189,22 @@ def test_a_streaming_dataset_that_sees_another_rank_is_refused(mds):
     errors = run_ranks(_ranks_swapped_in_the_environment, 2, mds)
     assert "sees rank 1 of 2 but this process is rank 0 of 2" in errors[0]
     assert "launch with torchrun" in errors[1]
+
+
+def test_a_shared_memory_name_taken_meanwhile_is_retried(mds, monkeypatch):
+    # Two processes starting at once can pick the same free shared-memory prefix; the one
+    # that creates it second gets FileExistsError, and a new attempt finds another.
+    import streaming
+
+    real, attempts = streaming.StreamingDataset, []
+
+    def taken_once(**options):
+        attempts.append(options)
+        if len(attempts) == 1:
+            raise FileExistsError(17, "File exists", "/000433_locals")
+        return real(**options)
+
+    monkeypatch.setattr(streaming, "StreamingDataset", taken_once)
+    loader = streaming_loader(local=mds, batch_size=8)
+    assert len(attempts) == 2 and isinstance(loader.dataset, real)
+    assert len(list(loader)) == 8

@@ -167,6 +167,9 @@ def _collate_column(values: list[Any]) -> Any:
     return torch_default_collate(values)
 
 
+_SHM_ATTEMPTS = 5
+
+
 def streaming_loader(
     remote: str | None = None,
     local: str | os.PathLike[str] | None = None,
@@ -195,7 +198,7 @@ def streaming_loader(
             ``cache_limit``, ``num_canonical_nodes``, ``replication``, ...).
     """
     streaming = _streaming()
-    dataset = streaming.StreamingDataset(
+    options = dict(
         remote=remote,
         local=None if local is None else os.fspath(local),
         split=split,
@@ -204,6 +207,17 @@ def streaming_loader(
         shuffle_seed=shuffle_seed,
         **dataset_options,
     )
+    for attempt in range(_SHM_ATTEMPTS):
+        try:
+            dataset = streaming.StreamingDataset(**options)
+            break
+        except FileExistsError:
+            # Two processes starting at once on one machine can pick the same free
+            # shared-memory prefix, and the second to create it fails; the next attempt
+            # finds another. Ranks of one run wait for each other inside, so only a
+            # process on its own retries (ranks would leave their barriers unmatched).
+            if dist.get_world_size() > 1 or attempt == _SHM_ATTEMPTS - 1:
+                raise
     return DataLoader(
         dataset,
         batch_size=batch_size,
