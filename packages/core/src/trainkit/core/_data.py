@@ -177,6 +177,14 @@ class DataSpec:
         get_num_tokens_in_batch: batch -> tokens (default: `default_num_tokens`).
         split_batch: ``(batch, microbatch_size) -> list`` (default: split along dim 0).
         device_transfer: ``(batch, device) -> batch`` (default: move every tensor).
+        batch_transforms: ``batch -> batch``, applied to each batch as the loader yields it,
+            before it is counted and moved to the device (CPU-side normalisation, ...), in
+            training, evaluation and prediction (as Composer's).
+        microbatch_transforms: ``batch -> batch``, applied to each microbatch (the whole
+            batch when it is not split) on the device, just before its forward (GPU-side
+            normalisation, ...), as Composer's. Return a new batch rather than changing
+            the given one in place: a batch retried after out-of-memory is transformed
+            again.
         position: how the loader is positioned on resume and what checkpoints hold of it, a
             `DataPosition`. Default: chosen for the loader when the run starts (a map-style
             `DataLoader`'s sampler, a `StreamingDataset`'s sample position, the loader's own
@@ -199,6 +207,8 @@ class DataSpec:
         get_num_tokens_in_batch: Callable[[Batch], int] | None = None,
         split_batch: Callable[[Batch, int], Sequence[Batch]] | None = None,
         device_transfer: Callable[[Batch, torch.device], Batch] | None = None,
+        batch_transforms: Callable[[Batch], Batch] | None = None,
+        microbatch_transforms: Callable[[Batch], Batch] | None = None,
         position: DataPosition | None = None,
         sum_counts: bool | None = None,
     ):
@@ -219,6 +229,18 @@ class DataSpec:
         self.get_num_tokens_in_batch = get_num_tokens_in_batch or default_num_tokens
         self.split_batch = split_batch or default_split_batch
         self.device_transfer = device_transfer or to_device
+        for name, transform in (
+            ("batch_transforms", batch_transforms),
+            ("microbatch_transforms", microbatch_transforms),
+        ):
+            if transform is not None and not callable(transform):
+                raise TypeError(
+                    f"{name} must be a function batch -> batch, got {type(transform).__name__}"
+                )
+        self.batch_transforms = batch_transforms
+        """Applied to each batch as the loader yields it (None: none)."""
+        self.microbatch_transforms = microbatch_transforms
+        """Applied to each microbatch on the device before its forward (None: none)."""
         self.sum_counts = sum_counts
         self._world: int | None = None  # read by iter_epoch: groups do not change mid-epoch
         self._custom_counts = custom_counts

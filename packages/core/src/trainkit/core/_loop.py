@@ -108,7 +108,8 @@ def epoch_batches(state: State, engine: Engine) -> Iterator[Any]:
     ``state.train_subset_num_batches``), or after a resume the rest.
 
     Fires EPOCH_START (only when the epoch begins), then BEFORE_DATALOADER and
-    AFTER_DATALOADER around each batch, which is also put in ``state.batch``.
+    AFTER_DATALOADER around each batch, which is also put in ``state.batch`` (after the
+    data's ``batch_transforms``).
     """
     assert state.train_data is not None, "epoch_batches needs state.train_data"
     done = state.timestamp.batch_in_epoch
@@ -119,12 +120,14 @@ def epoch_batches(state: State, engine: Engine) -> Iterator[Any]:
     iterator = state.train_data.iter_epoch(state.timestamp.epoch, done)
     if state.train_subset_num_batches is not None:
         iterator = itertools.islice(iterator, max(0, state.train_subset_num_batches - done))
+    transform = state.train_data.batch_transforms
     while True:
         engine.run_event(Event.BEFORE_DATALOADER)
         try:
-            state.batch = next(iterator)
+            batch = next(iterator)
         except StopIteration:
             return
+        state.batch = batch if transform is None else transform(batch)
         engine.run_event(Event.AFTER_DATALOADER)
         yield state.batch
 

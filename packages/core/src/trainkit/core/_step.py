@@ -74,15 +74,18 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     engine.run_event(Event.BEFORE_TRAIN_BATCH)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
+    transform = data.microbatch_transforms
     failed: torch.OutOfMemoryError | None = None
     try:
         if microbatches is None:
+            if transform is not None:
+                state.batch = transform(batch)
             total = _forward_backward(state, engine, model, unwrapped, autocast, None, share)
         else:
             total = None
             last = len(microbatches) - 1
             for index, (microbatch, weight) in enumerate(zip(microbatches, weights, strict=True)):
-                state.batch = microbatch
+                state.batch = microbatch if transform is None else transform(microbatch)
                 with _SYNC if index == last else state.parallelism.no_sync(model):
                     scaled = _forward_backward(
                         state, engine, model, unwrapped, autocast, weight, share
@@ -336,6 +339,8 @@ def _evaluate_one(
     with torch.no_grad():
         started = time.perf_counter()
         for index, batch in enumerate(batches):
+            if data.batch_transforms is not None:
+                batch = data.batch_transforms(batch)
             state.batch = data.device_transfer(batch, state.device)
             engine.run_event(Event.EVAL_BATCH_START)
             drop = None
@@ -420,6 +425,8 @@ def _eval_microbatches(
         if drop == "sample" and index == last:
             # Within the last microbatch, so every rank runs as many forwards.
             microbatch, count = _drop_repeat(data, microbatch)
+        if data.microbatch_transforms is not None:
+            microbatch = data.microbatch_transforms(microbatch)
         state.batch = microbatch
         engine.run_event(Event.EVAL_BEFORE_FORWARD)
         with state.precision.autocast():

@@ -340,7 +340,11 @@ class Trainer(Configurable, config=TrainerConfig):
         with torch.no_grad():
             started = time.perf_counter()
             for batch in batches:
+                if data.batch_transforms is not None:
+                    batch = data.batch_transforms(batch)
                 state.batch = data.device_transfer(batch, state.device)
+                if data.microbatch_transforms is not None:
+                    state.batch = data.microbatch_transforms(state.batch)
                 engine.run_event(Event.PREDICT_BATCH_START)
                 engine.run_event(Event.PREDICT_BEFORE_FORWARD)
                 with state.precision.autocast():
