@@ -94,6 +94,15 @@ def test_a_next_stage_with_new_data_schedulers_evaluation_microbatches_and_preci
     assert trainer.last_eval.keys() == {"metrics/stage2/accuracy", "metrics/stage2/cross_entropy"}
 
 
+def test_a_next_stage_scaled_by_scale_schedule_ratio_trains_its_share():
+    trainer, record = _trainer(max_duration="2ba")
+    trainer.fit()
+    schedule = LinearScheduler(alpha_f=0.0, t_max="4ba")
+    trainer.fit(reset_time=True, duration="8ba", schedulers=schedule, scale_schedule_ratio=0.5)
+    assert trainer.state.timestamp.batch == 4  # 8 x 0.5
+    assert record.lrs[2:] == pytest.approx([1.0, 0.5, 0.0, 0.0])  # t_max scaled to 2ba
+
+
 def test_eval_settings_alone_apply_to_the_current_evaluators():
     trainer, record = _trainer(max_duration="1ba", eval_dataloader=loader(blobs(32)))
     trainer.fit()
@@ -112,6 +121,8 @@ def test_eval_settings_alone_apply_to_the_current_evaluators():
         ({"device_train_microbatch_size": 0}, ValueError, "device_train_microbatch_size 0 is"),
         ({"eval_interval": "often"}, ValueError, "not a duration"),
         ({"duration": "0.5dur"}, ValueError, "a fraction of the run cannot extend it"),
+        ({"schedulers": "cosine"}, TypeError, "cosine"),
+        ({"eval_dataloader": Evaluator(label="x", data=[1], metric_names=["f1"])}, ValueError, "f1"),
         ({"reset_time": "yes"}, TypeError, "reset_time=...\\) must be True or False"),
     ],
 )

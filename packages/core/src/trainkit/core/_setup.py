@@ -105,7 +105,12 @@ def make_schedulers(schedulers: Any, state: State, scale_schedule_ratio: float =
     ssr = check_scale_schedule_ratio(scale_schedule_ratio)
     if schedulers is None:
         return []
-    listed = list(schedulers) if isinstance(schedulers, Sequence) else [schedulers]
+    # A string is one (wrong) scheduler, not a sequence of them.
+    listed = (
+        list(schedulers)
+        if isinstance(schedulers, Sequence) and not isinstance(schedulers, str)
+        else [schedulers]
+    )
     compiled: list[Any] = []
     for scheduler in listed:
         if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
@@ -157,7 +162,7 @@ def step_every_batch(schedulers: Any, step_schedulers_every_batch: bool | None) 
         return step_schedulers_every_batch
     listed = (
         list(schedulers)
-        if isinstance(schedulers, Sequence)
+        if isinstance(schedulers, Sequence) and not isinstance(schedulers, str)
         else []
         if schedulers is None
         else [schedulers]

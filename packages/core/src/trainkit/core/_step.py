@@ -53,11 +53,11 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     ``state.total_loss``) is the step's, the same on every data-parallel rank: the mean
     over the ranks, weighted as the gradient is. Under ``state.auto_microbatching``, every
     rank raises `torch.OutOfMemoryError` when any rank ran out of memory (one collective
-    per call), so that all can retry together (`train_batch`). Gradient synchronisation is
-    skipped
-    (``parallelism.no_sync``) for all but the last microbatch. ``state.outputs`` is set to
-    None after AFTER_LOSS unless a registered component declares ``needs_outputs``
-    (`Engine.outputs_needed`), so the model's outputs are freed before backward.
+    per call), so that all can retry together (`train_batch`). Gradient synchronisation
+    is skipped (``parallelism.no_sync``) for all but the last microbatch.
+    ``state.outputs`` is set to None after AFTER_LOSS unless a registered component
+    declares ``needs_outputs`` (`Engine.outputs_needed`), so the model's outputs are freed
+    before backward. The data's ``microbatch_transforms`` is applied to each microbatch.
     ``state.batch`` is the whole batch again afterwards.
     """
     batch, data = state.batch, state.train_data

@@ -183,8 +183,8 @@ class Trainer(Configurable, config=TrainerConfig):
         - ``device_train_microbatch_size``, ``precision``: as the Trainer's.
         """
         state = self.state
-        more = self._more(duration) if duration is not None else None
         self._restage(
+            duration=duration,
             reset_time=reset_time,
             train_dataloader=train_dataloader,
             train_subset_num_batches=train_subset_num_batches,
@@ -197,8 +197,6 @@ class Trainer(Configurable, config=TrainerConfig):
             device_train_microbatch_size=device_train_microbatch_size,
             precision=precision,
         )
-        if more is not None:
-            state.max_duration = Time(state.timestamp.get(more.unit) + more.value, more.unit)
         if state.train_data is None:
             raise ValueError(
                 "no training data: pass train_dataloader to Trainer(...) or to fit(...)"
@@ -379,6 +377,7 @@ class Trainer(Configurable, config=TrainerConfig):
     def _restage(
         self,
         *,
+        duration: Time | str | int | None,
         reset_time: bool,
         train_dataloader: Any,
         train_subset_num_batches: int | None,
@@ -391,11 +390,12 @@ class Trainer(Configurable, config=TrainerConfig):
         device_train_microbatch_size: int | str | None,
         precision: str | Precision | None,
     ) -> None:
-        # fit()'s arguments for the next stage: all checked before any is applied, so a
-        # mistake leaves the run as it was.
+        # fit()'s arguments for the next stage: all checked and built before any is
+        # applied, so a mistake leaves the run as it was.
         state = self.state
         if not isinstance(reset_time, bool):
             raise TypeError(f"fit(reset_time=...) must be True or False, got {reset_time!r}")
+        more = self._more(duration) if duration is not None else None
         train_data = (
             setup.to_dataspec(train_dataloader, "train_dataloader")
             if train_dataloader is not None
@@ -405,6 +405,9 @@ class Trainer(Configurable, config=TrainerConfig):
         eval_subset = check_subset_num_batches(eval_subset_num_batches, "eval_subset_num_batches")
         trigger = interval_trigger(eval_interval) if eval_interval is not None else None
         evaluators = setup.make_evaluators(eval_dataloader)
+        eval_metrics = setup.eval_metrics_for(
+            state.parallelism.unwrap(state.model), evaluators, state.device
+        )
         if schedulers is None and (
             scale_schedule_ratio != 1.0 or step_schedulers_every_batch is not None
         ):
@@ -412,7 +415,20 @@ class Trainer(Configurable, config=TrainerConfig):
                 "fit(scale_schedule_ratio=..., step_schedulers_every_batch=...) applies to the "
                 "schedulers given with them; pass schedulers=... too"
             )
-        setup.check_scale_schedule_ratio(scale_schedule_ratio)
+        ratio = setup.check_scale_schedule_ratio(scale_schedule_ratio)
+        every_batch = (
+            setup.step_every_batch(schedulers, step_schedulers_every_batch)
+            if schedulers is not None
+            else state.step_schedulers_every_batch
+        )
+        # How long: ``duration`` more from now (from zero with reset_time), scaled with the
+        # new schedulers; without it, max_duration (scaled with them, as Composer).
+        start = Timestamp() if reset_time else state.timestamp
+        if more is not None:
+            more = setup.scale_max_duration(more, ratio)
+            max_duration = Time(start.get(more.unit) + more.value, more.unit)
+        else:
+            max_duration = setup.scale_max_duration(state.max_duration, ratio)
         microbatch = (
             setup.check_microbatch_size(
                 device_train_microbatch_size, train_data or state.train_data
@@ -425,27 +441,29 @@ class Trainer(Configurable, config=TrainerConfig):
             if precision is not None
             else None
         )
+        # Built on the optimizers (a torch scheduler sets their learning rates): the last
+        # step that can fail.
+        new_schedulers = (
+            setup.make_schedulers(schedulers, state, ratio) if schedulers is not None else None
+        )
 
         if reset_time:
-            state.timestamp = Timestamp()
+            state.timestamp = start
         if train_data is not None:
             self._replace_train_data(train_data)
         if train_subset_num_batches is not None:
             state.train_subset_num_batches = subset
-        if schedulers is not None:
-            state.schedulers = setup.make_schedulers(schedulers, state, scale_schedule_ratio)
-            state.max_duration = setup.scale_max_duration(state.max_duration, scale_schedule_ratio)
-            state.step_schedulers_every_batch = setup.step_every_batch(
-                schedulers, step_schedulers_every_batch
-            )
+        if new_schedulers is not None:
+            state.schedulers = new_schedulers
+            state.step_schedulers_every_batch = every_batch
+        state.max_duration = max_duration
         if evaluators:
             self._default_eval_microbatch(evaluators)
             for evaluator in evaluators:
                 if evaluator.subset_num_batches is None:
                     evaluator.subset_num_batches = self.config.eval_subset_num_batches
-            unwrapped = state.parallelism.unwrap(state.model)
             state.evaluators = evaluators
-            state.eval_metrics = setup.eval_metrics_for(unwrapped, evaluators, state.device)
+            state.eval_metrics = eval_metrics
             self._eval_triggers = [
                 (e, interval_trigger(e.eval_interval or self.config.eval_interval))
                 for e in evaluators
