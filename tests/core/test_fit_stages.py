@@ -122,7 +122,11 @@ def test_eval_settings_alone_apply_to_the_current_evaluators():
         ({"eval_interval": "often"}, ValueError, "not a duration"),
         ({"duration": "0.5dur"}, ValueError, "a fraction of the run cannot extend it"),
         ({"schedulers": "cosine"}, TypeError, "cosine"),
-        ({"eval_dataloader": Evaluator(label="x", data=[1], metric_names=["f1"])}, ValueError, "f1"),
+        (
+            {"eval_dataloader": Evaluator(label="x", data=[1], metric_names=["f1"])},
+            ValueError,
+            "f1",
+        ),
         ({"reset_time": "yes"}, TypeError, "reset_time=...\\) must be True or False"),
     ],
 )
