@@ -16,7 +16,7 @@ from trainkit.core._data import DataSpec
 from trainkit.core._logger import LoggerDestination
 from trainkit.core._model import TrainModel
 from trainkit.core._progress import ProgressLines
-from trainkit.core._state import Evaluator, State
+from trainkit.core._state import Evaluator, State, check_microbatch_size_value
 from trainkit.core._time import Time, TimeUnit
 from trainkit.core.schedulers import Scheduler
 
@@ -62,23 +62,15 @@ def to_dataspec(data: Any, what: str) -> DataSpec:
 
 
 def check_microbatch_size(value: Any, data: DataSpec | None) -> tuple[int | None, bool]:
-    """Returns (size, auto)."""
-    if value is None:
-        return None, False
-    if value == "auto":
-        return None, True
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"device_train_microbatch_size {value!r} is not valid; use a positive int, 'auto' "
-            "(halve on out-of-memory), or None (whole batch)"
-        )
+    """Returns (size, auto); a size must fit in the loader's batch size."""
+    size, auto = check_microbatch_size_value(value, "device_train_microbatch_size")
     batch_size = getattr(data.dataloader, "batch_size", None) if data is not None else None
-    if isinstance(batch_size, int) and value > batch_size:
+    if size is not None and isinstance(batch_size, int) and size > batch_size:
         raise ValueError(
-            f"device_train_microbatch_size {value} is larger than the batch size {batch_size}; "
+            f"device_train_microbatch_size {size} is larger than the batch size {batch_size}; "
             f"use a size from 1 to {batch_size}"
         )
-    return value, False
+    return size, auto
 
 
 def make_optimizers(optimizers: Any, model: nn.Module) -> list[torch.optim.Optimizer]:

@@ -20,7 +20,7 @@ from trainkit.core._preemption import PreemptionRequest
 from trainkit.core._rng import get_rng_state, set_rng_state
 from trainkit.core._time import Time, Timestamp, TimeUnit
 
-__all__ = ["Evaluator", "State", "check_eval_microbatch_size", "check_subset_num_batches"]
+__all__ = ["Evaluator", "State", "check_microbatch_size_value", "check_subset_num_batches"]
 
 
 @dataclass(kw_only=True)
@@ -65,15 +65,15 @@ class Evaluator:
 
     def set_microbatch_size(self, value: int | str | None) -> None:
         """Set ``device_eval_microbatch_size`` (a positive int, ``"auto"`` or None)."""
-        size, auto = check_eval_microbatch_size(
+        size, auto = check_microbatch_size_value(
             value, f"evaluator {self.label!r} device_eval_microbatch_size"
         )
         self.device_eval_microbatch_size, self.auto_microbatching = size, auto
 
 
-def check_eval_microbatch_size(value: Any, what: str) -> tuple[int | None, bool]:
-    """``(size, auto)`` for a ``device_eval_microbatch_size``: a positive int, ``"auto"``
-    or None."""
+def check_microbatch_size_value(value: Any, what: str) -> tuple[int | None, bool]:
+    """``(size, auto)`` for a ``device_*_microbatch_size`` named ``what``: a positive int,
+    ``"auto"`` or None (whole batches)."""
     if value is None:
         return None, False
     if value == "auto":

@@ -18,7 +18,7 @@ from trainkit.core._nonfinite import check_nonfinite_mode
 from trainkit.core._parallel import ParallelStrategy
 from trainkit.core._precision import Precision, check_device, check_precision
 from trainkit.core._preemption import check_preemption_signals
-from trainkit.core._state import check_eval_microbatch_size, check_subset_num_batches
+from trainkit.core._state import check_microbatch_size_value, check_subset_num_batches
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core.config import slot
 
@@ -211,7 +211,7 @@ class TrainerConfig:
         self.eval_subset_num_batches = check_subset_num_batches(
             self.eval_subset_num_batches, "eval_subset_num_batches"
         )
-        check_eval_microbatch_size(self.device_eval_microbatch_size, "device_eval_microbatch_size")
+        check_microbatch_size_value(self.device_eval_microbatch_size, "device_eval_microbatch_size")
         self.train_subset_num_batches = check_subset_num_batches(
             self.train_subset_num_batches, "train_subset_num_batches"
         )
