@@ -14,6 +14,7 @@ from trainkit.core import _setup as setup
 from trainkit.core import dist
 from trainkit.core._data import DataSpec
 from trainkit.core._engine import Engine
+from trainkit.core._eval import eval_forward, evaluate
 from trainkit.core._event import Event
 from trainkit.core._fit_guard import FitGuard
 from trainkit.core._interval import IntervalTrigger, interval_trigger
@@ -28,12 +29,7 @@ from trainkit.core._precision import (
 from trainkit.core._preemption import check_preemption_signals
 from trainkit.core._rng import random_seed, seed_everything
 from trainkit.core._state import Evaluator, State, check_subset_num_batches
-from trainkit.core._step import (
-    eval_forward,
-    evaluate,
-    optimizer_step,
-    train_batch,
-)
+from trainkit.core._step import optimizer_step, train_batch
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core._trainer_config import TrainerConfig, check_max_duration
 from trainkit.core.config import Configurable, to_plain

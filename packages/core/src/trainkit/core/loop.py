@@ -5,6 +5,7 @@ the core README, "Write your own trainer"), so algorithms, callbacks, loggers an
 checkpoints keep working.
 """
 
+from trainkit.core._eval import eval_forward, evaluate
 from trainkit.core._loop import (
     BatchClock,
     epoch_batches,
@@ -14,8 +15,6 @@ from trainkit.core._loop import (
     start_batch,
 )
 from trainkit.core._step import (
-    eval_forward,
-    evaluate,
     microbatch_weights,
     optimizer_step,
     rebind_optimizers,
