@@ -63,3 +63,15 @@ def test_predict_timestamp_and_a_subset_of_batches():
     assert len(trainer.predict(loader(blobs(40), batch_size=16), -1)) == 3  # Composer's "all"
     with pytest.raises(ValueError, match="subset_num_batches must be a positive number"):
         trainer.predict(loader(blobs(40)), subset_num_batches=0)
+
+
+def test_a_prediction_that_fails_leaves_the_model_training():
+    class Fails(Callback):
+        def predict_before_forward(self, state, logger):
+            raise RuntimeError("bad batch")
+
+    trainer, _ = _trainer()
+    trainer.state.callbacks.append(Fails())
+    with pytest.raises(Exception, match="bad batch"):
+        trainer.predict(loader(blobs(16)))
+    assert trainer.state.model.training  # as it was before predict

@@ -1,8 +1,9 @@
-"""Evaluation, as functions of `State` and `Engine`: every evaluator's batches, in
-microbatches when asked (halved on out-of-memory with ``"auto"``), each sample counted
-once over the ranks.
+"""Evaluation and prediction, as functions of `State` and `Engine`: every evaluator's
+batches, in microbatches when asked (halved on out-of-memory with ``"auto"``), each
+sample counted once over the ranks; and a loader's outputs.
 
-The Trainer evaluates with these; a hand-written loop calls the same `evaluate`.
+The Trainer evaluates and predicts with these; a hand-written loop calls the same
+`evaluate`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from trainkit.core._state import Evaluator, State
 from trainkit.core._step import _free_after_oom, _restore_metrics, _save_metrics
 from trainkit.core._time import Timestamp
 
-__all__ = ["eval_forward", "evaluate"]
+__all__ = ["eval_forward", "evaluate", "predict"]
 
 
 def evaluate(
@@ -224,6 +225,51 @@ def _drop_repeat(data: DataSpec, batch: Any) -> tuple[Any, bool]:
     if size <= 1:
         return batch, False
     return data.split_batch(batch, size - 1)[0], True
+
+
+def predict(
+    state: State, engine: Engine, data: DataSpec, limit: int | None, *, return_outputs: bool
+) -> list[Any]:
+    """``eval_forward`` over ``data`` (its first ``limit`` batches; None: all), with the
+    PREDICT_* events; returns the outputs moved to CPU (``[]`` without
+    ``return_outputs``). ``state.predict_timestamp`` counts this rank's batches and
+    samples."""
+    model = state.parallelism.unwrap(state.model)
+    was_training, outputs = model.training, []
+    model.eval()
+    state.predict_timestamp = Timestamp()
+    engine.run_event(Event.PREDICT_START)
+    batches = data.iter_epoch(0)
+    if limit is not None:
+        batches = itertools.islice(batches, limit)
+    try:
+        with torch.no_grad():
+            started = time.perf_counter()
+            for batch in batches:
+                if data.batch_transforms is not None:
+                    batch = data.batch_transforms(batch)
+                state.batch = data.device_transfer(batch, state.device)
+                if data.microbatch_transforms is not None:
+                    state.batch = data.microbatch_transforms(state.batch)
+                engine.run_event(Event.PREDICT_BATCH_START)
+                engine.run_event(Event.PREDICT_BEFORE_FORWARD)
+                with state.precision.autocast():
+                    state.outputs = eval_forward(model, state.batch)
+                engine.run_event(Event.PREDICT_AFTER_FORWARD)
+                if return_outputs:
+                    outputs.append(data.device_transfer(state.outputs, torch.device("cpu")))
+                samples = data.get_num_samples_in_batch(state.batch)  # this rank's
+                tokens = data.get_num_tokens_in_batch(state.batch)
+                now = time.perf_counter()
+                state.predict_timestamp = state.predict_timestamp.to_next_batch(
+                    samples, tokens, now - started
+                )
+                started = now
+                engine.run_event(Event.PREDICT_BATCH_END)
+    finally:
+        model.train(was_training)  # also when a batch fails
+    engine.run_event(Event.PREDICT_END)
+    return outputs
 
 
 def eval_forward(model: nn.Module, batch: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -14,7 +13,7 @@ from trainkit.core import _setup as setup
 from trainkit.core import dist
 from trainkit.core._data import DataSpec
 from trainkit.core._engine import Engine
-from trainkit.core._eval import eval_forward, evaluate
+from trainkit.core._eval import evaluate, predict
 from trainkit.core._event import Event
 from trainkit.core._fit_guard import FitGuard
 from trainkit.core._interval import IntervalTrigger, interval_trigger
@@ -320,43 +319,9 @@ class Trainer(Configurable, config=TrainerConfig):
         """Run ``eval_forward`` over ``dataloader`` (its first ``subset_num_batches`` batches;
         None or -1: all); returns the outputs (moved to CPU). ``state.predict_timestamp``
         counts the batches and samples done."""
-        state, engine = self.state, self.engine
         data = setup.to_dataspec(dataloader, "predict dataloader")
         limit = check_subset_num_batches(subset_num_batches, "subset_num_batches")
-        model = state.parallelism.unwrap(state.model)
-        was_training, outputs = model.training, []
-        model.eval()
-        state.predict_timestamp = Timestamp()
-        engine.run_event(Event.PREDICT_START)
-        batches = data.iter_epoch(0)
-        if limit is not None:
-            batches = itertools.islice(batches, limit)
-        with torch.no_grad():
-            started = time.perf_counter()
-            for batch in batches:
-                if data.batch_transforms is not None:
-                    batch = data.batch_transforms(batch)
-                state.batch = data.device_transfer(batch, state.device)
-                if data.microbatch_transforms is not None:
-                    state.batch = data.microbatch_transforms(state.batch)
-                engine.run_event(Event.PREDICT_BATCH_START)
-                engine.run_event(Event.PREDICT_BEFORE_FORWARD)
-                with state.precision.autocast():
-                    state.outputs = eval_forward(model, state.batch)
-                engine.run_event(Event.PREDICT_AFTER_FORWARD)
-                if return_outputs:
-                    outputs.append(data.device_transfer(state.outputs, torch.device("cpu")))
-                samples = data.get_num_samples_in_batch(state.batch)  # this rank's
-                tokens = data.get_num_tokens_in_batch(state.batch)
-                now = time.perf_counter()
-                state.predict_timestamp = state.predict_timestamp.to_next_batch(
-                    samples, tokens, now - started
-                )
-                started = now
-                engine.run_event(Event.PREDICT_BATCH_END)
-        engine.run_event(Event.PREDICT_END)
-        model.train(was_training)
-        return outputs
+        return predict(self.state, self.engine, data, limit, return_outputs=return_outputs)
 
     def close(self) -> None:
         """Close callbacks and logger destinations (flush files, finish remote runs)."""
