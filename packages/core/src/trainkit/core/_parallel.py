@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 __all__ = ["ParallelStrategy", "SingleProcess"]
 
 _NO_SYNC = contextlib.nullcontext()
+
+
+def _NOTHING_TO_REMOVE() -> None:
+    pass
 
 
 class ParallelStrategy(Configurable, abc.ABC):
@@ -55,6 +59,21 @@ class ParallelStrategy(Configurable, abc.ABC):
 
     def reset_after_oom(self, model: nn.Module) -> None:
         """Clear per-iteration state after an out-of-memory error, before the retry."""
+
+    def add_oom_checkpoints(
+        self, model: nn.Module, checkpoint: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``checkpoint()`` before each collective the strategy issues inside the
+        forward and backward of ``model`` (what `prepare` made); return what removes them.
+
+        Used with auto-microbatching on several ranks while the microbatch size is being
+        searched: ``checkpoint`` raises `torch.OutOfMemoryError` on every rank still
+        running when another rank ran out of memory, before this rank enters a collective
+        that the failed rank will never join (see ``trainkit.core._oom``). It may be
+        called from forward hooks, backward hooks and communication hooks. The default
+        installs nothing: a strategy without collectives inside forward and backward.
+        """
+        return _NOTHING_TO_REMOVE
 
     def precision_for(self, precision: Precision) -> Precision:
         """The precision to train with under this strategy (e.g. with a sharded grad

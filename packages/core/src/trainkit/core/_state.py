@@ -14,6 +14,7 @@ from trainkit.core import dist
 from trainkit.core._callback import Algorithm, Stateful
 from trainkit.core._compile import RecompileWatch
 from trainkit.core._data import DataSpec
+from trainkit.core._oom import OOMCheckpoints
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
 from trainkit.core._precision import Precision
 from trainkit.core._preemption import PreemptionRequest
@@ -156,6 +157,9 @@ class State:
     recompiles: RecompileWatch | None = None
     """Counts ``torch.compile`` recompilations when the model is compiled (set by
     `prepare_run`); `finish_batch` logs the count as ``compile/recompiles``."""
+    oom_checkpoints: OOMCheckpoints | None = None
+    """On several ranks with auto-microbatching: the strategy's out-of-memory checkpoints,
+    installed while the microbatch size is being searched (set by `train_batch`)."""
     wall_mark: float | None = None
     """``time.perf_counter()`` from which the next batch's wall-clock time counts. ``fit``
     sets it when its loop starts, `finish_batch` moves it to each batch's end, evaluation

@@ -19,6 +19,7 @@ from trainkit.core import dist
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._metrics import Metric
+from trainkit.core._oom import OTHER_RANK_MESSAGE, OOMCheckpoints, settle
 from trainkit.core._parallel import SingleProcess
 from trainkit.core._precision import _NO_AUTOCAST
 from trainkit.core._state import State
@@ -45,8 +46,9 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     their share of the step's total too (`_rank_share`). The returned loss (also
     ``state.total_loss``) is the step's, the same on every data-parallel rank: the mean
     over the ranks, weighted as the gradient is. Under ``state.auto_microbatching``, every
-    rank raises `torch.OutOfMemoryError` when any rank ran out of memory (one collective
-    per call), so that all can retry together (`train_batch`). Gradient synchronisation
+    rank raises `torch.OutOfMemoryError` when any rank ran out of memory (`settle`: one
+    collective per call when no rank did), so that all can retry together (`train_batch`).
+    Gradient synchronisation
     is skipped (``parallelism.no_sync``) for all but the last microbatch.
     ``state.outputs`` is set to None after AFTER_LOSS unless a registered component
     declares ``needs_outputs`` (`Engine.outputs_needed`), so the model's outputs are freed
@@ -90,9 +92,9 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
             raise
         failed = error
     state.batch = batch
-    if state.auto_microbatching and dist.any_rank(failed is not None, state.device):
+    if state.auto_microbatching and settle(failed is not None, state.device):
         # Every rank stops here alike, before the collectives below.
-        raise failed or torch.OutOfMemoryError("another rank ran out of memory on this batch")
+        raise failed or torch.OutOfMemoryError(OTHER_RANK_MESSAGE)
     state.rank_loss = total = total.detach()
     state.total_loss = total = _mean_over_ranks(state, total, share)
     engine.run_event(Event.AFTER_TRAIN_BATCH)
@@ -199,21 +201,48 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
     With ``state.auto_microbatching``, every rank reports whether it ran out of memory
     (one collective per attempt, in `run_microbatches`) and all retry together with half
     the size, after clearing gradients, outputs, the strategy's and the precision's
-    per-step state.
+    per-step state. On several ranks, the strategy's out-of-memory checkpoints are
+    installed while the size is being searched (`OOMCheckpoints`): a rank that runs out
+    of memory part-way through a forward or backward then stops the others before their
+    next collective, instead of leaving them waiting in it.
     """
     batch = state.batch
+    checkpoints = _oom_checkpoints(state)
+    out_of_memory = False
     while True:
         # A failed attempt may already have counted some microbatches in the metrics.
         saved = _save_metrics(state.train_metrics) if state.auto_microbatching else None
+        if checkpoints is not None:
+            checkpoints.arm(state)
         try:
-            return run_microbatches(state, engine)
+            loss = run_microbatches(state, engine)
         except torch.OutOfMemoryError:
             if not state.auto_microbatching:
                 raise
+            out_of_memory = True
+        else:
+            if checkpoints is not None:
+                checkpoints.batch_done(out_of_memory)
+            return loss
         _clear_after_oom(state, batch)
         assert saved is not None
         _restore_metrics(state.train_metrics, saved)
         _halve_microbatch(state, batch)
+
+
+def _oom_checkpoints(state: State) -> OOMCheckpoints | None:
+    # The run's OOMCheckpoints when auto-microbatching on several ranks that train one
+    # model together; removes installed checkpoints once auto-microbatching is turned off.
+    checkpoints = state.oom_checkpoints
+    if not state.auto_microbatching:
+        if checkpoints is not None:
+            checkpoints.disarm()
+        return None
+    if checkpoints is None:
+        if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):
+            return None
+        checkpoints = state.oom_checkpoints = OOMCheckpoints()
+    return checkpoints
 
 
 def _save_metrics(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_leaves
 
 from trainkit.core import ParallelStrategy, State
 from trainkit.parallel._common import check_not_wrapped, require_process_group
+from trainkit.parallel._oom import ddp_checkpoints, reset_ddp_after_oom
 
 __all__ = ["DDP", "DDPConfig"]
 
@@ -96,6 +97,18 @@ class DDP(ParallelStrategy, config=DDPConfig):
             return contextlib.nullcontext()
         return model.no_sync()
 
+    def reset_after_oom(self, model: nn.Module) -> None:
+        """Let DDP's reducer start over after an interrupted backward."""
+        reset_ddp_after_oom(model)
+
+    def add_oom_checkpoints(
+        self, model: nn.Module, checkpoint: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Before each gradient bucket's all-reduce (`ddp_checkpoints`)."""
+        if not isinstance(model, DistributedDataParallel):
+            return super().add_oom_checkpoints(model, checkpoint)
+        return ddp_checkpoints(model, checkpoint, getattr(model, _FORCED_ATTR, None))
+
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the DDP wrapper."""
         return model.module if isinstance(model, DistributedDataParallel) else model
@@ -112,6 +125,7 @@ class _ForcedSync:
         self.ddp = ddp
         self.defer = False
         self.queued = False
+        self.checkpoint: Callable[[], None] | None = None  # see DDP.add_oom_checkpoints
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
@@ -144,6 +158,8 @@ class _ForcedSync:
 
     @torch.no_grad()
     def all_reduce(self) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint()
         params = [p for p in self.ddp.module.parameters() if p.requires_grad]
         has_grad = torch.tensor(
             [p.grad is not None for p in params], dtype=torch.int32, device=params[0].device

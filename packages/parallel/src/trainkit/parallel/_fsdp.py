@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from trainkit.parallel._common import (
     sharded_precision,
 )
 from trainkit.parallel._mesh import ParallelDims
+from trainkit.parallel._oom import fsdp_checkpoints
 from trainkit.parallel._tensor_parallel import TensorParallel, apply_tensor_parallel
 from trainkit.parallel._wrap import apply_activation_checkpointing, apply_compile, find_blocks
 
@@ -211,6 +212,12 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         ``reset_iter_state``, on torch versions that have it)."""
         if isinstance(model, FSDPModule) and hasattr(model, "reset_iter_state"):
             model.reset_iter_state()
+
+    def add_oom_checkpoints(
+        self, model: nn.Module, checkpoint: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Before each block's gathers and reductions (`fsdp_checkpoints`)."""
+        return fsdp_checkpoints(model, checkpoint)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The model itself: ``fully_shard`` works in place."""

@@ -1,0 +1,116 @@
+"""Out-of-memory errors that not every rank meets, under auto-microbatching.
+
+With ``device_train_microbatch_size="auto"`` every rank retries a batch with half the
+microbatch size when any rank ran out of memory, so the ranks must agree on it. A rank that
+runs out of memory part-way through a forward or backward stops there, while the others
+go on to the next collective of their strategy: an FSDP all-gather or reduce-scatter, a
+DDP bucket all-reduce. That collective would meet the failed rank's vote instead of its
+own counterpart: NCCL hangs, gloo fails. (Composer's ``generate_oom_hook`` describes the
+same problem for FSDP1.)
+
+So, while the microbatch size is being searched, the strategy calls `checkpoint` before
+each collective it issues inside forward and backward
+(`ParallelStrategy.add_oom_checkpoints`), and every rank ends each attempt at a batch in
+`settle`, which repeats until every rank has ended its attempt. Both are one all-reduce
+(max) of the same two integers, ``[ran out of memory, still running]``, so they pair with
+each other in whatever order the ranks reach them: a rank still running meets the failed
+rank's `settle` at its next checkpoint, learns of the failure, and raises
+`torch.OutOfMemoryError` itself; the failed rank repeats `settle` until it has.
+
+Checkpoints cost a collective and a host synchronisation each, so they are installed only
+while the size is being searched: from the first batch until `QUIET_BATCHES` batches in a
+row ran on every rank without running out of memory, and again after any rank does
+(`OOMCheckpoints`), as Composer does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from trainkit.core import dist
+
+if TYPE_CHECKING:
+    from trainkit.core._state import State
+
+__all__ = ["QUIET_BATCHES", "OOMCheckpoints", "checkpoint", "settle"]
+
+QUIET_BATCHES = 3
+"""Batches in a row without an out-of-memory error on any rank after which the checkpoints
+are removed."""
+
+OTHER_RANK_MESSAGE = "another rank ran out of memory on this batch"
+
+
+def _vote(failed: bool, running: bool, device: torch.device) -> tuple[bool, bool]:
+    # One collective: whether any rank ran out of memory, whether any rank is still running.
+    flags = torch.tensor([int(failed), int(running)], dtype=torch.int32, device=device)
+    any_failed, any_running = dist.all_reduce(flags, "max").tolist()
+    return bool(any_failed), bool(any_running)
+
+
+def checkpoint(device: torch.device) -> None:
+    """Called by a rank still running its attempt, before a collective of its strategy.
+
+    Raises:
+        torch.OutOfMemoryError: another rank ran out of memory on this attempt.
+    """
+    if dist.get_world_size() == 1:
+        return
+    any_failed, _ = _vote(False, True, device)
+    if any_failed:
+        raise torch.OutOfMemoryError(OTHER_RANK_MESSAGE)
+
+
+def settle(failed: bool, device: torch.device) -> bool:
+    """End this rank's attempt at a batch (``failed``: it ran out of memory); returns whether
+    any rank did, the same on every rank. Meets the checkpoints of ranks still running
+    until every rank has ended its attempt (one collective when all end together)."""
+    if dist.get_world_size() == 1:
+        return failed
+    any_failed, any_running = _vote(failed, False, device)
+    while any_running:
+        any_failed, any_running = _vote(failed, False, device)
+    return any_failed
+
+
+class OOMCheckpoints:
+    """Installs the strategy's checkpoints while the microbatch size is being searched.
+
+    `train_batch` keeps one in ``state.oom_checkpoints`` for a run of several ranks with
+    auto-microbatching: `arm` before each attempt, `batch_done` after each batch.
+    """
+
+    def __init__(self) -> None:
+        self._remove: Callable[[], None] | None = None
+        self._quiet = 0  # batches in a row that no rank ran out of memory on
+
+    @property
+    def armed(self) -> bool:
+        return self._remove is not None
+
+    def arm(self, state: State) -> None:
+        """Install the checkpoints unless they are installed, or the size was found."""
+        if self._remove is None and self._quiet < QUIET_BATCHES:
+            device = state.device
+            self._remove = state.parallelism.add_oom_checkpoints(
+                state.model, lambda: checkpoint(device)
+            )
+
+    def batch_done(self, out_of_memory: bool) -> None:
+        """Count a finished batch (``out_of_memory``: some rank ran out of memory on an
+        attempt at it); remove the checkpoints after `QUIET_BATCHES` quiet ones."""
+        if out_of_memory:
+            self._quiet = 0
+            return
+        self._quiet += 1
+        if self._quiet >= QUIET_BATCHES:
+            self.disarm()
+
+    def disarm(self) -> None:
+        """Remove the checkpoints (auto-microbatching was turned off, or the size found)."""
+        if self._remove is not None:
+            remove, self._remove = self._remove, None
+            remove()

@@ -1,0 +1,106 @@
+"""Auto-microbatching on 2 ranks when only one rank runs out of memory, part-way through
+its forward or its backward: every rank retries together, none is left in a collective.
+
+Before the out-of-memory checkpoints (trainkit.core._oom), the rank that kept going met
+the failed rank's vote with an FSDP all-gather or reduce-scatter, or a DDP bucket
+all-reduce: gloo aborted the process (NCCL hangs). And under DDP, an out-of-memory error
+in backward on every rank left DDP's reducer refusing the retry ("Expected to have
+finished reduction in the prior iteration").
+"""
+
+import pytest
+import torch
+
+from multirank import run_ranks
+from parallel.helpers import (
+    GLOBAL_BATCH,
+    Block,
+    Blocks,
+    OOMBlock,
+    assert_close,
+    full_weights,
+    make_trainer,
+    to_bytes,
+    train,
+)
+from trainkit.core._oom import QUIET_BATCHES
+from trainkit.parallel import DDP, FSDP
+
+STRATEGIES = {
+    "ddp": DDP,
+    "ddp_forced": lambda: DDP(sync="forced"),
+    "fsdp": FSDP,
+}
+WHO = {"rank 1 only": (1,), "both": (0, 1)}
+BATCHES = 5
+
+
+class _OOMInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, limit):
+        ctx.limit = limit
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad.shape[0] > ctx.limit:
+            raise torch.OutOfMemoryError(f"fake out-of-memory in backward: {grad.shape[0]}")
+        return grad, None
+
+
+class BackwardOOMBlock(Block):
+    """Runs out of memory in backward on inputs of more than ``limit`` samples."""
+
+    limit = 2
+
+    def forward(self, x):
+        return super().forward(_OOMInBackward.apply(x, self.limit))
+
+
+def _model(rank, ranks, where):
+    # The same module classes on every rank (FSDP wraps them alike); only the limit differs.
+    def build():
+        model = Blocks()
+        model.blocks[1].__class__ = OOMBlock if where == "forward" else BackwardOOMBlock
+        model.blocks[1].limit = 2 if rank in ranks else GLOBAL_BATCH
+        return model
+
+    return build
+
+
+def _runs(rank, world, where):
+    results = {}
+    for strategy, make in STRATEGIES.items():
+        for who, ranks in WHO.items():
+            trainer = make_trainer(
+                make(),
+                rank,
+                world,
+                model=_model(rank, ranks, where),
+                device_train_microbatch_size="auto",
+                optimizer="sgd",
+                batches=BATCHES,
+            )
+            trainer.fit()
+            state = trainer.state
+            results[strategy, who] = (
+                state.device_train_microbatch_size,
+                state.oom_checkpoints.armed,
+                to_bytes(full_weights(state.model)),
+            )
+    return results
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_one_rank_out_of_memory_part_way_retries_on_every_rank(where):
+    ranks = run_ranks(_runs, 2, where, timeout=240)
+    # Every rank lands on the size that fits the rank that ran out of memory.
+    for results in ranks:
+        assert {key: size for key, (size, _, _) in results.items()} == dict.fromkeys(results, 2)
+    # The checkpoints are removed after QUIET_BATCHES batches without out-of-memory errors.
+    assert BATCHES > QUIET_BATCHES
+    assert not any(armed for results in ranks for _, armed, _ in results.values())
+    # The run trains as one process does on the whole batch.
+    reference = train(None, 0, 1, optimizer="sgd", batches=BATCHES)
+    weights = {f"{s} / {w}": value for (s, w), (_, _, value) in ranks[0].items()}
+    assert_close(weights, dict.fromkeys(weights, reference), 1e-5)
