@@ -11,6 +11,7 @@ finished reduction in the prior iteration").
 import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule
+from torch.utils.data import DataLoader, DistributedSampler
 
 from multirank import run_ranks
 from parallel.helpers import (
@@ -24,7 +25,10 @@ from parallel.helpers import (
     to_bytes,
     train,
 )
+from toy import blobs
+from trainkit.core import Evaluator
 from trainkit.core._oom import QUIET_BATCHES
+from trainkit.core.metrics import CrossEntropy
 from trainkit.parallel import DDP, FSDP
 
 STRATEGIES = {
@@ -117,3 +121,53 @@ def test_one_rank_out_of_memory_part_way_retries_on_every_rank(where):
     reference = train(None, 0, 1, optimizer="sgd", batches=BATCHES)
     weights = {f"{s} / {w}": value for (s, w), (_, _, value) in ranks[0].items()}
     assert_close(weights, dict.fromkeys(weights, reference), 1e-5)
+
+
+class _Scored(Blocks):
+    def get_metrics(self, is_train=False):
+        return {} if is_train else {"cross_entropy": CrossEntropy()}
+
+
+def _scored(rank, ranks):
+    def build():
+        model = _Scored()
+        for block in model.blocks:
+            block.__class__ = OOMBlock
+            block.limit = GLOBAL_BATCH
+        if rank in ranks:
+            model.blocks[1].limit = 2
+        return model
+
+    return build
+
+
+def _evaluations(rank, world):
+    results = {}
+    for who, ranks in WHO.items():
+        trainer = make_trainer(FSDP(), rank, world, model=_scored(rank, ranks))
+        data = blobs(64, seed=4)
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False)
+        evaluator = Evaluator(
+            label="eval",
+            data=DataLoader(data, batch_size=GLOBAL_BATCH // world, sampler=sampler),
+            device_eval_microbatch_size="auto",
+        )
+        metrics = trainer.eval(evaluator)
+        results[who] = (
+            evaluator.device_eval_microbatch_size,
+            evaluator.oom_checkpoints.armed,
+            float(metrics["metrics/eval/cross_entropy"]),
+        )
+    return results
+
+
+def test_evaluation_when_one_rank_runs_out_of_memory_part_way_retries_on_every_rank():
+    ranks = run_ranks(_evaluations, 2, timeout=120)
+    single = make_trainer(None, 0, 1, model=_Scored)
+    data = blobs(64, seed=4)
+    expected = single.eval(DataLoader(data, batch_size=GLOBAL_BATCH))["metrics/eval/cross_entropy"]
+    for results in ranks:
+        for size, armed, cross_entropy in results.values():
+            assert size == 2
+            assert not armed  # installed around each batch only, while searching
+            assert abs(cross_entropy - float(expected)) < 1e-5

@@ -21,6 +21,8 @@ from trainkit.core import dist
 from trainkit.core._data import DataSpec
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
+from trainkit.core._oom import OOMCheckpoints, settle
+from trainkit.core._parallel import SingleProcess
 from trainkit.core._state import Evaluator, State
 from trainkit.core._step import _free_after_oom, _restore_metrics, _save_metrics
 from trainkit.core._time import Timestamp
@@ -114,34 +116,59 @@ def _evaluate_batch(
     # Returns the samples and tokens counted.
     batch = state.batch
     auto = evaluator.auto_microbatching
-    while True:
-        saved = _save_metrics(metrics) if auto else None
-        try:
-            counted = _eval_microbatches(state, engine, model, evaluator, metrics, drop)
-            out_of_memory = False
-        except torch.OutOfMemoryError:
-            if not auto:
-                raise
-            out_of_memory = True
-        if auto:
-            out_of_memory = dist.any_rank(out_of_memory, state.device)
-        state.batch = batch
-        if not out_of_memory:
-            return counted
-        state.outputs = None
-        assert saved is not None
-        _restore_metrics(metrics, saved)
-        _free_after_oom(state)
-        current = evaluator.device_eval_microbatch_size or evaluator.data.get_num_samples_in_batch(
-            batch
-        )
-        if current <= 1:
-            raise RuntimeError(
-                f"out of memory evaluating {evaluator.label!r} with "
-                f"device_eval_microbatch_size=1: one sample does not fit on {state.device}. "
-                "Use lower precision ('amp_bf16'), a shorter sequence, or shard the model (FSDP)"
+    checkpoints = _oom_checkpoints(state, evaluator) if auto else None
+    retried = False
+    try:
+        while True:
+            saved = _save_metrics(metrics) if auto else None
+            if checkpoints is not None:
+                checkpoints.arm(state)
+            try:
+                counted = _eval_microbatches(state, engine, model, evaluator, metrics, drop)
+                out_of_memory = False
+            except torch.OutOfMemoryError:
+                if not auto:
+                    raise
+                out_of_memory = True
+            if auto:
+                out_of_memory = settle(out_of_memory, state.device)
+            state.batch = batch
+            if not out_of_memory:
+                if checkpoints is not None:
+                    checkpoints.batch_done(retried)
+                return counted
+            retried = True
+            state.outputs = None
+            # E.g. FSDP2's reset_iter_state: blocks left gathered by the failed forward
+            # would otherwise skip their gather on one rank only in the retry.
+            state.parallelism.reset_after_oom(state.model)
+            assert saved is not None
+            _restore_metrics(metrics, saved)
+            _free_after_oom(state)
+            current = (
+                evaluator.device_eval_microbatch_size
+                or evaluator.data.get_num_samples_in_batch(batch)
             )
-        evaluator.device_eval_microbatch_size = current // 2
+            if current <= 1:
+                raise RuntimeError(
+                    f"out of memory evaluating {evaluator.label!r} with "
+                    f"device_eval_microbatch_size=1: one sample does not fit on {state.device}. "
+                    "Use lower precision ('amp_bf16'), a shorter sequence, or shard the model (FSDP)"
+                )
+            evaluator.device_eval_microbatch_size = current // 2
+    finally:
+        if checkpoints is not None:
+            checkpoints.disarm()  # the forwards of training run without them
+
+
+def _oom_checkpoints(state: State, evaluator: Evaluator) -> OOMCheckpoints | None:
+    # The evaluator's checkpoints when it microbatches "auto" on several ranks that hold
+    # one model together (an FSDP forward gathers each block: see trainkit.core._oom).
+    if evaluator.oom_checkpoints is None:
+        if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):
+            return None
+        evaluator.oom_checkpoints = OOMCheckpoints()
+    return evaluator.oom_checkpoints
 
 
 def _eval_microbatches(

@@ -1,6 +1,7 @@
 """Out-of-memory errors that not every rank meets, under auto-microbatching.
 
-With ``device_train_microbatch_size="auto"`` every rank retries a batch with half the
+With ``device_train_microbatch_size="auto"`` (and an evaluator's
+``device_eval_microbatch_size="auto"``) every rank retries a batch with half the
 microbatch size when any rank ran out of memory, so the ranks must agree on it. A rank that
 runs out of memory part-way through a forward or backward stops there, while the others
 go on to the next collective of their strategy: an FSDP all-gather or reduce-scatter, a
@@ -80,7 +81,8 @@ class OOMCheckpoints:
     """Installs the strategy's checkpoints while the microbatch size is being searched.
 
     `train_batch` keeps one in ``state.oom_checkpoints`` for a run of several ranks with
-    auto-microbatching: `arm` before each attempt, `batch_done` after each batch.
+    auto-microbatching, and evaluation one per evaluator (``Evaluator.oom_checkpoints``,
+    removed after each batch): `arm` before each attempt, `batch_done` after each batch.
     """
 
     def __init__(self) -> None:

@@ -53,6 +53,11 @@ class Evaluator:
     """Whether ``device_eval_microbatch_size`` halves on out-of-memory (given as
     ``"auto"``); the size it has come to is then ``device_eval_microbatch_size`` (None:
     whole batches so far)."""
+    oom_checkpoints: OOMCheckpoints | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """With ``"auto"`` on several ranks: the strategy's out-of-memory checkpoints, installed
+    around each batch while the size is being searched (see `State.oom_checkpoints`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, DataSpec):
