@@ -81,6 +81,10 @@ def _model(rank, ranks, where):
     return build
 
 
+def _hooks(model):
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
 def _runs(rank, world, where):
     results = {}
     for strategy, make in STRATEGIES.items():
@@ -98,11 +102,13 @@ def _runs(rank, world, where):
             )
             groups = sum(isinstance(m, FSDPModule) for m in trainer.state.model.modules())
             assert groups in (0, 1 + len(Blocks().blocks)), "FSDP gave each block its group"
+            hooks = _hooks(trainer.state.model)
             trainer.fit()
+            assert _hooks(trainer.state.model) == hooks  # checkpoints only during a batch
             state = trainer.state
             results[strategy, who] = (
                 state.device_train_microbatch_size,
-                state.oom_checkpoints.armed,
+                state.oom_checkpoints.searching,
                 to_bytes(full_weights(state.model)),
             )
     return results
@@ -114,9 +120,9 @@ def test_one_rank_out_of_memory_part_way_retries_on_every_rank(where):
     # Every rank lands on the size that fits the rank that ran out of memory.
     for results in ranks:
         assert {key: size for key, (size, _, _) in results.items()} == dict.fromkeys(results, 2)
-    # The checkpoints are removed after QUIET_BATCHES batches without out-of-memory errors.
+    # The search ends after QUIET_BATCHES batches without out-of-memory errors.
     assert BATCHES > QUIET_BATCHES
-    assert not any(armed for results in ranks for _, armed, _ in results.values())
+    assert not any(searching for results in ranks for _, searching, _ in results.values())
     # The run trains as one process does on the whole batch.
     reference = train(None, 0, 1, optimizer="sgd", batches=BATCHES)
     weights = {f"{s} / {w}": value for (s, w), (_, _, value) in ranks[0].items()}
@@ -155,7 +161,7 @@ def _evaluations(rank, world):
         metrics = trainer.eval(evaluator)
         results[who] = (
             evaluator.device_eval_microbatch_size,
-            evaluator.oom_checkpoints.armed,
+            evaluator.oom_checkpoints.searching,
             float(metrics["metrics/eval/cross_entropy"]),
         )
     return results
@@ -167,7 +173,7 @@ def test_evaluation_when_one_rank_runs_out_of_memory_part_way_retries_on_every_r
     data = blobs(64, seed=4)
     expected = single.eval(DataLoader(data, batch_size=GLOBAL_BATCH))["metrics/eval/cross_entropy"]
     for results in ranks:
-        for size, armed, cross_entropy in results.values():
+        for size, searching, cross_entropy in results.values():
             assert size == 2
-            assert not armed  # installed around each batch only, while searching
+            assert not searching  # 4 batches a rank: 3 in a row without out-of-memory
             assert abs(cross_entropy - float(expected)) < 1e-5

@@ -158,7 +158,7 @@ def _evaluate_batch(
             evaluator.device_eval_microbatch_size = current // 2
     finally:
         if checkpoints is not None:
-            checkpoints.disarm()  # the forwards of training run without them
+            checkpoints.disarm()
 
 
 def _oom_checkpoints(state: State, evaluator: Evaluator) -> OOMCheckpoints | None:

@@ -20,8 +20,8 @@ rank's `settle` at its next checkpoint, learns of the failure, and raises
 
 Checkpoints cost a collective and a host synchronisation each, so they are installed only
 while the size is being searched: from the first batch until `QUIET_BATCHES` batches in a
-row ran on every rank without running out of memory, and again after any rank does
-(`OOMCheckpoints`), as Composer does.
+row ran on every rank without running out of memory, and again after any rank does, as
+Composer does; and only during each batch (`OOMCheckpoints`).
 """
 
 from __future__ import annotations
@@ -78,11 +78,14 @@ def settle(failed: bool, device: torch.device) -> bool:
 
 
 class OOMCheckpoints:
-    """Installs the strategy's checkpoints while the microbatch size is being searched.
+    """Installs the strategy's checkpoints around each batch while the microbatch size is
+    being searched.
 
     `train_batch` keeps one in ``state.oom_checkpoints`` for a run of several ranks with
-    auto-microbatching, and evaluation one per evaluator (``Evaluator.oom_checkpoints``,
-    removed after each batch): `arm` before each attempt, `batch_done` after each batch.
+    auto-microbatching, and evaluation one per evaluator (``Evaluator.oom_checkpoints``):
+    `arm` before each attempt at a batch, `batch_done` when the batch is done, `disarm`
+    after it. Nothing else (evaluation, callbacks between batches, a deep copy of the
+    model) ever meets them.
     """
 
     def __init__(self) -> None:
@@ -90,12 +93,14 @@ class OOMCheckpoints:
         self._quiet = 0  # batches in a row that no rank ran out of memory on
 
     @property
-    def armed(self) -> bool:
-        return self._remove is not None
+    def searching(self) -> bool:
+        """Whether the size is still being searched: fewer than `QUIET_BATCHES` batches in
+        a row ran without an out-of-memory error on any rank."""
+        return self._quiet < QUIET_BATCHES
 
     def arm(self, state: State) -> None:
-        """Install the checkpoints unless they are installed, or the size was found."""
-        if self._remove is None and self._quiet < QUIET_BATCHES:
+        """Install the checkpoints while searching, unless they are installed."""
+        if self._remove is None and self.searching:
             device = state.device
             self._remove = state.parallelism.add_oom_checkpoints(
                 state.model, lambda: checkpoint(device)
@@ -103,16 +108,11 @@ class OOMCheckpoints:
 
     def batch_done(self, out_of_memory: bool) -> None:
         """Count a finished batch (``out_of_memory``: some rank ran out of memory on an
-        attempt at it); remove the checkpoints after `QUIET_BATCHES` quiet ones."""
-        if out_of_memory:
-            self._quiet = 0
-            return
-        self._quiet += 1
-        if self._quiet >= QUIET_BATCHES:
-            self.disarm()
+        attempt at it, which starts the search again)."""
+        self._quiet = 0 if out_of_memory else self._quiet + 1
 
     def disarm(self) -> None:
-        """Remove the checkpoints (auto-microbatching was turned off, or the size found)."""
+        """Remove the checkpoints, if installed."""
         if self._remove is not None:
             remove, self._remove = self._remove, None
             remove()

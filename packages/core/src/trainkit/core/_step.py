@@ -48,8 +48,8 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     over the ranks, weighted as the gradient is. Under ``state.auto_microbatching``, every
     rank raises `torch.OutOfMemoryError` when any rank ran out of memory (`settle`: one
     collective per call when no rank did), so that all can retry together (`train_batch`).
-    Gradient synchronisation
-    is skipped (``parallelism.no_sync``) for all but the last microbatch.
+    Gradient synchronisation is skipped (``parallelism.no_sync``) for all but the last
+    microbatch.
     ``state.outputs`` is set to None after AFTER_LOSS unless a registered component
     declares ``needs_outputs`` (`Engine.outputs_needed`), so the model's outputs are freed
     before backward. The data's ``microbatch_transforms`` is applied to each microbatch.
@@ -209,35 +209,37 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
     batch = state.batch
     checkpoints = _oom_checkpoints(state)
     out_of_memory = False
-    while True:
-        # A failed attempt may already have counted some microbatches in the metrics.
-        saved = _save_metrics(state.train_metrics) if state.auto_microbatching else None
-        if checkpoints is not None:
-            checkpoints.arm(state)
-        try:
-            loss = run_microbatches(state, engine)
-        except torch.OutOfMemoryError:
-            if not state.auto_microbatching:
-                raise
-            out_of_memory = True
-        else:
+    try:
+        while True:
+            # A failed attempt may already have counted some microbatches in the metrics.
+            saved = _save_metrics(state.train_metrics) if state.auto_microbatching else None
             if checkpoints is not None:
-                checkpoints.batch_done(out_of_memory)
-            return loss
-        _clear_after_oom(state, batch)
-        assert saved is not None
-        _restore_metrics(state.train_metrics, saved)
-        _halve_microbatch(state, batch)
+                checkpoints.arm(state)
+            try:
+                loss = run_microbatches(state, engine)
+            except torch.OutOfMemoryError:
+                if not state.auto_microbatching:
+                    raise
+                out_of_memory = True
+            else:
+                if checkpoints is not None:
+                    checkpoints.batch_done(out_of_memory)
+                return loss
+            _clear_after_oom(state, batch)
+            assert saved is not None
+            _restore_metrics(state.train_metrics, saved)
+            _halve_microbatch(state, batch)
+    finally:
+        if checkpoints is not None:
+            checkpoints.disarm()
 
 
 def _oom_checkpoints(state: State) -> OOMCheckpoints | None:
     # The run's OOMCheckpoints when auto-microbatching on several ranks that train one
-    # model together; removes installed checkpoints once auto-microbatching is turned off.
-    checkpoints = state.oom_checkpoints
+    # model together.
     if not state.auto_microbatching:
-        if checkpoints is not None:
-            checkpoints.disarm()
         return None
+    checkpoints = state.oom_checkpoints
     if checkpoints is None:
         if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):
             return None
