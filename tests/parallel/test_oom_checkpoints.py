@@ -8,8 +8,11 @@ in backward on every rank left DDP's reducer refusing the retry ("Expected to ha
 finished reduction in the prior iteration").
 """
 
+import warnings
+
 import pytest
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -177,3 +180,20 @@ def test_evaluation_when_one_rank_runs_out_of_memory_part_way_retries_on_every_r
             assert size == 2
             assert not searching  # 4 batches a rank: 3 in a row without out-of-memory
             assert abs(cross_entropy - float(expected)) < 1e-5
+
+
+def _with_users_comm_hook(rank, world):
+    trainer = make_trainer(DDP(), rank, world, device_train_microbatch_size="auto", optimizer="sgd")
+    trainer.state.model.register_comm_hook(None, fp16_compress_hook)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit()
+    return [str(w.message) for w in caught if "communication hook" in str(w.message)]
+
+
+def test_a_users_ddp_communication_hook_stays_and_is_said_to_go_unchecked():
+    # DDP takes one communication hook: the user's (here fp16 compression) is kept, and
+    # the run says what that means for auto-microbatching rather than failing.
+    for messages in run_ranks(_with_users_comm_hook, 2):
+        assert len(messages) == 1
+        assert "Set device_train_microbatch_size to a number" in messages[0]

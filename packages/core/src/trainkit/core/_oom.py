@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["QUIET_BATCHES", "OOMCheckpoints", "checkpoint", "settle"]
 
 QUIET_BATCHES = 3
-"""Batches in a row without an out-of-memory error on any rank after which the checkpoints
-are removed."""
+"""Batches in a row without an out-of-memory error on any rank after which the search ends
+(no more checkpoints, until an out-of-memory error starts it again)."""
 
 OTHER_RANK_MESSAGE = "another rank ran out of memory on this batch"
 

@@ -8,6 +8,7 @@ issues inside forward and backward (``trainkit.core._oom`` explains the protocol
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -158,7 +159,16 @@ def ddp_checkpoints(
         hook = getattr(model, _COMM_HOOK_ATTR, None)
         if hook is None:
             hook = _CommHook(model.process_group)
-            model.register_comm_hook(hook, _all_reduce_bucket)
+            if model._comm_hooks:  # DDP takes one hook: the user's stays, unchecked
+                warnings.warn(
+                    "DDP already has a communication hook, so auto-microbatching cannot check "
+                    "before each gradient all-reduce whether another rank ran out of memory: "
+                    "an out-of-memory error on only some ranks during backward may hang the "
+                    "run. Set device_train_microbatch_size to a number to avoid it",
+                    stacklevel=2,
+                )
+            else:
+                model.register_comm_hook(hook, _all_reduce_bucket)
             setattr(model, _COMM_HOOK_ATTR, hook)
         hook.checkpoint = checkpoint
 
