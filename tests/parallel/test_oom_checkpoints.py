@@ -197,3 +197,26 @@ def test_a_users_ddp_communication_hook_stays_and_is_said_to_go_unchecked():
     for messages in run_ranks(_with_users_comm_hook, 2):
         assert len(messages) == 1
         assert "Set device_train_microbatch_size to a number" in messages[0]
+
+
+def _one_rank_ddp(rank, world):
+    trainer = make_trainer(
+        DDP(),
+        rank,
+        world,
+        model=_model(rank, (0,), "backward"),
+        device_train_microbatch_size="auto",
+        optimizer="sgd",
+        batches=BATCHES,
+    )
+    trainer.fit()
+    return trainer.state.device_train_microbatch_size, to_bytes(full_weights(trainer.state.model))
+
+
+def test_ddp_on_one_rank_retries_a_backward_that_ran_out_of_memory():
+    # No checkpoints on one rank, but DDP's reducer must still forget the interrupted
+    # backward ("Expected to have finished reduction in the prior iteration" before).
+    [(size, weights)] = run_ranks(_one_rank_ddp, 1)
+    assert size == 2
+    reference = train(None, 0, 1, optimizer="sgd", batches=BATCHES)
+    assert_close({"ddp": weights}, {"ddp": reference}, 1e-5)
