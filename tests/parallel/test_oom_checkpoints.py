@@ -44,6 +44,12 @@ STRATEGIES = {
     ),
 }
 WHO = {"rank 1 only": (1,), "both": (0, 1)}
+# Each strategy with one rank out of memory; with both, where that failed before (DDP's
+# reducer after an interrupted backward). Runs cost seconds each: the rest was checked once.
+CASES = {
+    "forward": [(name, "rank 1 only") for name in STRATEGIES if name != "ddp_forced"],
+    "backward": [(name, "rank 1 only") for name in STRATEGIES] + [("ddp", "both")],
+}
 BATCHES = 5
 
 
@@ -90,30 +96,27 @@ def _hooks(model):
 
 def _runs(rank, world, where):
     results = {}
-    for strategy, make in STRATEGIES.items():
-        for who, ranks in WHO.items():
-            if strategy == "fsdp_checkpointed_compiled" and who == "both":
-                continue  # the slowest to build; the asymmetric case is the one in question
-            trainer = make_trainer(
-                make(),
-                rank,
-                world,
-                model=_model(rank, ranks, where),
-                device_train_microbatch_size="auto",
-                optimizer="sgd",
-                batches=BATCHES,
-            )
-            groups = sum(isinstance(m, FSDPModule) for m in trainer.state.model.modules())
-            assert groups in (0, 1 + len(Blocks().blocks)), "FSDP gave each block its group"
-            hooks = _hooks(trainer.state.model)
-            trainer.fit()
-            assert _hooks(trainer.state.model) == hooks  # checkpoints only during a batch
-            state = trainer.state
-            results[strategy, who] = (
-                state.device_train_microbatch_size,
-                state.oom_checkpoints.searching,
-                to_bytes(full_weights(state.model)),
-            )
+    for strategy, who in CASES[where]:
+        trainer = make_trainer(
+            STRATEGIES[strategy](),
+            rank,
+            world,
+            model=_model(rank, WHO[who], where),
+            device_train_microbatch_size="auto",
+            optimizer="sgd",
+            batches=BATCHES,
+        )
+        groups = sum(isinstance(m, FSDPModule) for m in trainer.state.model.modules())
+        assert groups in (0, 1 + len(Blocks().blocks)), "FSDP gave each block its group"
+        hooks = _hooks(trainer.state.model)
+        trainer.fit()
+        assert _hooks(trainer.state.model) == hooks  # checkpoints only during a batch
+        state = trainer.state
+        results[strategy, who] = (
+            state.device_train_microbatch_size,
+            state.oom_checkpoints.searching,
+            to_bytes(full_weights(state.model)),
+        )
     return results
 
 
@@ -220,3 +223,34 @@ def test_ddp_on_one_rank_retries_a_backward_that_ran_out_of_memory():
     assert size == 2
     reference = train(None, 0, 1, optimizer="sgd", batches=BATCHES)
     assert_close({"ddp": weights}, {"ddp": reference}, 1e-5)
+
+
+def _head_runs_out_of_memory_in_backward(rank, world):
+    # The head is the first thing backward computes; the other rank then goes on to the
+    # last block's backward all-gather, which its pre-backward checkpoint must precede.
+    def build():
+        model = _model(rank, (), "forward")()
+        limit = 2 if rank == 1 else GLOBAL_BATCH
+        model.head.register_forward_pre_hook(
+            lambda _module, args: (_OOMInBackward.apply(args[0], limit),)
+        )
+        return model
+
+    trainer = make_trainer(
+        FSDP(),
+        rank,
+        world,
+        model=build,
+        device_train_microbatch_size="auto",
+        optimizer="sgd",
+        batches=BATCHES,
+    )
+    trainer.fit()
+    return trainer.state.device_train_microbatch_size, to_bytes(full_weights(trainer.state.model))
+
+
+def test_fsdp_rank_out_of_memory_at_the_start_of_backward_stops_the_others_before_a_gather():
+    ranks = run_ranks(_head_runs_out_of_memory_in_backward, 2)
+    assert [size for size, _ in ranks] == [2, 2]
+    reference = train(None, 0, 1, optimizer="sgd", batches=BATCHES)
+    assert_close({"fsdp": ranks[0][1]}, {"fsdp": reference}, 1e-5)
