@@ -10,7 +10,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainkit.core._callback import ORDERS, Algorithm, call_close, call_post_close, overrides
+from trainkit.core._callback import (
+    ORDERS,
+    Algorithm,
+    Callback,
+    call_close,
+    call_post_close,
+    overrides,
+)
 from trainkit.core._checks import check_algorithm, check_listener, declared_required_events
 from trainkit.core._event import Event
 
@@ -356,9 +363,10 @@ class Engine:
 
 def _handler(listener: object, event: Event) -> Callable[..., None]:
     run_event = getattr(listener, "run_event", None)
-    if run_event is not None:
-        return functools.partial(run_event, event)
-    return getattr(listener, event.value)
+    if run_event is None or getattr(run_event, "__func__", None) is Callback.run_event:
+        # The method named after the event: what Callback.run_event would look up each time.
+        return getattr(listener, event.value)
+    return functools.partial(run_event, event)
 
 
 def _raise_with_context(err: Exception, wrapper: type[RuntimeError], who: str, event: Event):

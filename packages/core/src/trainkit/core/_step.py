@@ -34,6 +34,12 @@ __all__ = [
 ]
 
 _SYNC = contextlib.nullcontext()  # the last microbatch synchronises: nothing to enter
+# A step's events, read once: in Python 3.11 a member read through its Enum class costs
+# ~60 ns (EnumType's __getattr__ keeps the interpreter from caching the lookup), a global ~4.
+_BEFORE_TRAIN_BATCH, _AFTER_TRAIN_BATCH = Event.BEFORE_TRAIN_BATCH, Event.AFTER_TRAIN_BATCH
+_BEFORE_FORWARD, _AFTER_FORWARD = Event.BEFORE_FORWARD, Event.AFTER_FORWARD
+_BEFORE_LOSS, _AFTER_LOSS = Event.BEFORE_LOSS, Event.AFTER_LOSS
+_BEFORE_BACKWARD, _AFTER_BACKWARD = Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD
 
 
 def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
@@ -64,9 +70,11 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
         weights = microbatch_weights(unwrapped, data, microbatches)
     else:
         microbatches = None  # the whole batch at once: no loop (this runs every step)
-    share = _rank_share(state, unwrapped, batch)
+    # Gradients averaged over data-parallel replicas (not one replica, nor independent ones).
+    averaged = state.data_parallel_size > 1 and not isinstance(state.parallelism, SingleProcess)
+    share = _rank_share(state, unwrapped, batch) if averaged else None
     autocast = state.precision.autocast()
-    engine.run_event(Event.BEFORE_TRAIN_BATCH)
+    engine.run_event(_BEFORE_TRAIN_BATCH)
     for optimizer in state.optimizers:
         optimizer.zero_grad(set_to_none=True)
     transform = data.microbatch_transforms
@@ -96,8 +104,10 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
         # Every rank stops here alike, before the collectives below.
         raise failed or torch.OutOfMemoryError(OTHER_RANK_MESSAGE)
     state.rank_loss = total = total.detach()
-    state.total_loss = total = _mean_over_ranks(state, total, share)
-    engine.run_event(Event.AFTER_TRAIN_BATCH)
+    if averaged:
+        total = _mean_over_ranks(total, share)
+    state.total_loss = total
+    engine.run_event(_AFTER_TRAIN_BATCH)
     return total
 
 
@@ -113,28 +123,28 @@ def _forward_backward(
     # One microbatch (state.batch): forward, loss, backward with their events; returns the
     # loss weighted by the microbatch's share of this rank's batch. The backward also
     # weighs it by ``share``, this rank's part of the data-parallel batch (`_rank_share`).
-    engine.run_event(Event.BEFORE_FORWARD)
+    engine.run_event(_BEFORE_FORWARD)
     if autocast is _NO_AUTOCAST:  # fp32: no context to enter (this runs every step)
         state.outputs = model(state.batch)
     else:
         with autocast:
             state.outputs = model(state.batch)
-    engine.run_event(Event.AFTER_FORWARD)
+    engine.run_event(_AFTER_FORWARD)
     if state.train_metrics:
         _update_train_metrics(state, unwrapped)
-    engine.run_event(Event.BEFORE_LOSS)
+    engine.run_event(_BEFORE_LOSS)
     if autocast is _NO_AUTOCAST:
         state.loss = unwrapped.loss(state.outputs, state.batch)
     else:
         with autocast:
             state.loss = unwrapped.loss(state.outputs, state.batch)
-    engine.run_event(Event.AFTER_LOSS)
+    engine.run_event(_AFTER_LOSS)
     if not engine.outputs_needed():
         state.outputs = None  # not kept alive through backward and the step
-    engine.run_event(Event.BEFORE_BACKWARD)
+    engine.run_event(_BEFORE_BACKWARD)
     scaled = state.loss if weight is None else state.loss * weight
     state.precision.backward(scaled if share is None else scaled * share)
-    engine.run_event(Event.AFTER_BACKWARD)
+    engine.run_event(_AFTER_BACKWARD)
     return scaled
 
 
@@ -161,6 +171,7 @@ def microbatch_weights(model: nn.Module, data: Any, microbatches: list[Any]) -> 
 def _rank_share(state: State, model: nn.Module, batch: Any) -> torch.Tensor | None:
     """How much this rank's loss weighs in the data-parallel batch, for a model whose loss is
     a mean over its ``loss_weight`` (label tokens); None when there is nothing to weigh.
+    Called only where replicas average their gradients.
 
     Data-parallel ranks average their gradients, which weighs every rank's batch alike. A
     rank with 1000 label tokens and one with 200 would then count each of the second
@@ -170,8 +181,6 @@ def _rank_share(state: State, model: nn.Module, batch: Any) -> torch.Tensor | No
     on the whole batch would get (Composer's ``accumulate_train_batch_on_tokens``). Ranks
     that read one batch (tensor parallel) count it once each and cancel out.
     """
-    if state.data_parallel_size == 1 or isinstance(state.parallelism, SingleProcess):
-        return None  # one replica, or independent replicas: no gradients are averaged
     measure = getattr(model, "loss_weight", None)
     if measure is None:
         return None
@@ -180,11 +189,9 @@ def _rank_share(state: State, model: nn.Module, batch: Any) -> torch.Tensor | No
     return local * dist.get_world_size() / total
 
 
-def _mean_over_ranks(state: State, loss: torch.Tensor, share: torch.Tensor | None) -> torch.Tensor:
+def _mean_over_ranks(loss: torch.Tensor, share: torch.Tensor | None) -> torch.Tensor:
     # The step's loss over the data-parallel ranks (one scalar all-reduce per step), as
     # Composer logs it: every rank then logs, and decides on, the same value.
-    if state.data_parallel_size == 1 or isinstance(state.parallelism, SingleProcess):
-        return loss
     weighted = loss.float() * share if share is not None else loss.float()
     return dist.all_reduce(weighted.clone(), "sum") / dist.get_world_size()
 
@@ -206,27 +213,26 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
     of memory part-way through a forward or backward then stops the others before their
     next collective, instead of leaving them waiting in it.
     """
+    if not state.auto_microbatching:
+        return run_microbatches(state, engine)
     batch = state.batch
     checkpoints = _oom_checkpoints(state)
     out_of_memory = False
     try:
         while True:
             # A failed attempt may already have counted some microbatches in the metrics.
-            saved = _save_metrics(state.train_metrics) if state.auto_microbatching else None
+            saved = _save_metrics(state.train_metrics)
             if checkpoints is not None:
                 checkpoints.arm(state)
             try:
                 loss = run_microbatches(state, engine)
             except torch.OutOfMemoryError:
-                if not state.auto_microbatching:
-                    raise
                 out_of_memory = True
             else:
                 if checkpoints is not None:
                     checkpoints.batch_done(out_of_memory)
                 return loss
             _clear_after_oom(state, batch)
-            assert saved is not None
             _restore_metrics(state.train_metrics, saved)
             _halve_microbatch(state, batch)
     finally:
@@ -237,8 +243,6 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
 def _oom_checkpoints(state: State) -> OOMCheckpoints | None:
     # The run's OOMCheckpoints when auto-microbatching on several ranks that train one
     # model together.
-    if not state.auto_microbatching:
-        return None
     checkpoints = state.oom_checkpoints
     if checkpoints is None:
         if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):

@@ -36,6 +36,7 @@ from trainkit.core.config import Configurable, to_plain
 __all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
+_BATCH_END, _BATCH_CHECKPOINT = Event.BATCH_END, Event.BATCH_CHECKPOINT  # read once (_step.py)
 
 
 class Trainer(Configurable, config=TrainerConfig):
@@ -247,8 +248,8 @@ class Trainer(Configurable, config=TrainerConfig):
             # This rank's own loss: a non-finite one is reported as this rank's.
             preempted = guard.after_batch(state, state.rank_loss)
             if not preempted and self._eval_triggers:
-                self._maybe_eval(Event.BATCH_END)
-            engine.run_event(Event.BATCH_CHECKPOINT)
+                self._maybe_eval(_BATCH_END)
+            engine.run_event(_BATCH_CHECKPOINT)
             trained += 1
             if state.is_done() or state.stop_requested:
                 if state.timestamp.batch_in_epoch != state.dataloader_len or (
