@@ -82,8 +82,10 @@ class FitGuard:
         vote = self.vote
         assert vote is not None, "after_batch runs inside running()"
         if loss is not None:
-            self.losses.update(loss, state.timestamp.batch)
-        if vote.world == 1 and not self.watch.received and self.losses.first() is None:
+            bad = self.losses.update(loss, state.timestamp.batch)
+        else:
+            bad = self.losses.first()
+        if vote.world == 1 and not self.watch.received and bad is None:
             return False  # alone, with nothing to act on: this runs every batch
         return self._act(state, vote.vote(self._flags(wait=False)))
 

@@ -57,15 +57,16 @@ class LossWatch:
         self._copied: torch.cuda.Event | None = None
         self._known: tuple[int, float] | None = None
 
-    def update(self, loss: torch.Tensor, batch: int) -> None:
-        """Record ``loss`` (a 0-d tensor) as batch ``batch``'s; no host sync."""
+    def update(self, loss: torch.Tensor, batch: int) -> tuple[int, float] | None:
+        """Record ``loss`` (a 0-d tensor) as batch ``batch``'s, without a host sync; returns
+        what `first` returns now."""
         if self._known is not None:
-            return
+            return self._known
         if loss.is_cpu:
             value = loss.item()  # host memory: reading it waits for nothing
             if not math.isfinite(value):
                 self._known = (batch, value)
-            return
+            return self._known
         loss = loss.detach()
         if self._first is None:
             self._first = torch.full((), _NONE, dtype=torch.int64, device=loss.device)
@@ -75,6 +76,7 @@ class LossWatch:
         self._value = torch.where(here < self._first, loss.float(), self._value)
         self._first = torch.minimum(self._first, here)
         self._start_copy()
+        return self.first()
 
     def first(self, *, wait: bool = False) -> tuple[int, float] | None:
         """(batch, loss) of the first non-finite loss the host knows of, or None.
