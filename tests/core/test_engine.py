@@ -663,6 +663,84 @@ def test_an_algorithm_hears_every_batch_event_even_after_quiet_batches():
     assert len(log) == len(BATCH) - 2  # from BATCH_START, like a callback
 
 
+class Asked(Algorithm):
+    """Records every event its match() is asked at; says yes at ``yes``."""
+
+    def __init__(self, match_events=None, yes=()):
+        self.match_events, self.yes, self.asked, self.applied = match_events, set(yes), [], []
+
+    def match(self, event, state):
+        self.asked.append(event)
+        return event in self.yes
+
+    def apply(self, event, state, logger):
+        self.applied.append(event)
+
+
+def test_an_algorithm_is_asked_only_at_its_match_events():
+    declared = Asked(frozenset({Event.AFTER_TRAIN_BATCH, Event.FIT_END}), yes=BATCH)
+    everywhere = Asked()
+    engine = make_engine([declared, everywhere])
+    run_batch(engine)
+    run_batch(engine)
+    engine.run_event(Event.FIT_END)
+    assert declared.asked == [Event.AFTER_TRAIN_BATCH] * 2 + [Event.FIT_END]
+    assert declared.applied == [Event.AFTER_TRAIN_BATCH] * 2
+    assert everywhere.asked == [*BATCH, *BATCH, Event.FIT_END]  # None: every event
+
+
+def test_batch_events_outside_every_algorithms_match_events_are_skipped():
+    clipping = Asked(frozenset({Event.AFTER_TRAIN_BATCH}), yes={Event.AFTER_TRAIN_BATCH})
+    engine = make_engine([clipping])
+    run_batch(engine)
+    assert engine._quiet == set(BATCH) - {
+        Event.BATCH_START,
+        Event.BEFORE_TRAIN_BATCH,
+        Event.AFTER_TRAIN_BATCH,
+    }
+    run_batch(engine)
+    assert clipping.applied == [Event.AFTER_TRAIN_BATCH] * 2
+    late = Asked(frozenset({Event.AFTER_FORWARD}), yes={Event.AFTER_FORWARD})
+    engine.state.algorithms.append(late)  # by other code: heard from the next BATCH_START
+    run_batch(engine)
+    assert late.applied == [Event.AFTER_FORWARD]
+    assert Event.AFTER_FORWARD not in engine._quiet
+
+
+def test_ordering_passes_run_only_where_an_algorithm_matched():
+    calls = []
+
+    def record(algorithms, event):
+        calls.append((event, [type(a).__name__ for a in algorithms]))
+        return algorithms
+
+    engine = make_engine([Asked(yes={Event.AFTER_LOSS})])
+    engine.register_pass(record)
+    run_batch(engine)
+    assert calls == [(Event.AFTER_LOSS, ["Asked"])]
+
+
+@pytest.mark.parametrize(
+    ("match_events", "error", "message"),
+    [
+        ("batch_end", TypeError, "must be a set of events"),
+        (Event.BATCH_END, TypeError, "must be a set of events"),
+        (5, TypeError, "must be a set of events"),
+        ({"batch_ends"}, ValueError, "'batch_ends', which is not an event"),
+    ],
+)
+def test_match_events_that_are_not_events_are_refused(match_events, error, message):
+    with pytest.raises(error, match=message):
+        make_engine([Asked(match_events)])
+
+
+def test_match_events_may_name_events_by_their_value():
+    named = Asked(frozenset({"after_loss"}), yes={Event.AFTER_LOSS})
+    engine = make_engine([named])
+    run_batch(engine)
+    assert named.asked == [Event.AFTER_LOSS] and named.applied == [Event.AFTER_LOSS]
+
+
 def test_a_removed_callback_hears_nothing_more_and_skipping_starts_again():
     gone = Recorder()
     engine = make_engine(callbacks=[gone])

@@ -58,6 +58,7 @@ class InputNoise(Algorithm, config=InputNoiseConfig):
 
     config: InputNoiseConfig
     required_events = (Event.BEFORE_FORWARD,)
+    match_events = frozenset({Event.BEFORE_FORWARD})  # match is asked at these events only
 
     def __init__(self, config: InputNoiseConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)  # builds and validates self.config

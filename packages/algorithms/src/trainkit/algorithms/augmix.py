@@ -179,6 +179,10 @@ class AugMix(ComposableAlgorithm, config=AugMixConfig):
         super().__init__(config, **options)
         self._transform = AugmentAndMixTransform(self.config)
 
+    @property
+    def match_events(self) -> frozenset[Event]:  # type: ignore[override]
+        return frozenset({Event.AFTER_DATALOADER if self.config.batch else Event.FIT_START})
+
     def match(self, event: Event, state: State) -> bool:
         return event == (Event.AFTER_DATALOADER if self.config.batch else Event.FIT_START)
 

@@ -166,6 +166,8 @@ class BlurPool(ComposableAlgorithm, config=BlurPoolConfig):
     def __init__(self, config: BlurPoolConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

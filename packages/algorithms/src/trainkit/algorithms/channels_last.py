@@ -54,6 +54,8 @@ class ChannelsLast(ComposableAlgorithm, config=ChannelsLastConfig):
     def __init__(self, config: ChannelsLastConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

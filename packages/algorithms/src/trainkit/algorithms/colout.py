@@ -169,6 +169,10 @@ class ColOut(ComposableAlgorithm, config=ColOutConfig):
         super().__init__(config, **options)
         self._transform = ColOutTransform(self.config)
 
+    @property
+    def match_events(self) -> frozenset[Event]:  # type: ignore[override]
+        return frozenset({Event.BATCH_START if self.config.batch else Event.FIT_START})
+
     def match(self, event: Event, state: State) -> bool:
         return event == (Event.BATCH_START if self.config.batch else Event.FIT_START)
 

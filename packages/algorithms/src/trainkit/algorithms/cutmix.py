@@ -134,6 +134,8 @@ class CutMix(ComposableAlgorithm, config=CutMixConfig):
         self._original: Any = None
         self._image_size: tuple[int, int] = (0, 0)
 
+    match_events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS})
+
     def match(self, event: Event, state: State) -> bool:
         if event == Event.BEFORE_FORWARD:
             return True

@@ -94,6 +94,8 @@ class CutOut(ComposableAlgorithm, config=CutOutConfig):
     def __init__(self, config: CutOutConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.BATCH_START})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BATCH_START
 

@@ -88,6 +88,7 @@ class EMA(ComposableAlgorithm, config=EMAConfig):
         self._smoothing = self.config.smoothing  # parsed once, not per batch
         self._swapped_for_eval = False
         self._model: nn.Module | None = None
+        self.match_events = _EVENTS
 
     @property
     def average(self) -> dict[str, torch.Tensor] | None:

@@ -197,6 +197,8 @@ class Factorize(ComposableAlgorithm, config=FactorizeConfig):
     def __init__(self, config: FactorizeConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

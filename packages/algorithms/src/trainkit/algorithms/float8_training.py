@@ -231,6 +231,8 @@ class Float8Training(ComposableAlgorithm, config=Float8TrainingConfig):
         super().__init__(config, **options)
         _require_torchao()
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

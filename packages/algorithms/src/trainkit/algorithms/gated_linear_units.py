@@ -121,6 +121,8 @@ class GatedLinearUnits(ComposableAlgorithm, config=GatedLinearUnitsConfig):
     def __init__(self, config: GatedLinearUnitsConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

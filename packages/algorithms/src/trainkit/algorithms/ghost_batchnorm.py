@@ -104,6 +104,8 @@ class GhostBatchNorm(ComposableAlgorithm, config=GhostBatchNormConfig):
     def __init__(self, config: GhostBatchNormConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -87,6 +87,8 @@ class GradientClipping(ComposableAlgorithm, config=GradientClippingConfig):
     def __init__(self, config: GradientClippingConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.AFTER_TRAIN_BATCH})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_TRAIN_BATCH
 

@@ -63,6 +63,8 @@ class LabelSmoothing(ComposableAlgorithm, config=LabelSmoothingConfig):
         super().__init__(config, **options)
         self._original: Any = None
 
+    match_events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
+
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
 

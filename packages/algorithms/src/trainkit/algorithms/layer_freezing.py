@@ -113,6 +113,8 @@ class LayerFreezing(ComposableAlgorithm, config=LayerFreezingConfig):
         self.frozen_layers = 0
         self._layers = 0  # counted at FIT_START, not per batch
 
+    match_events = frozenset({Event.FIT_START, Event.BATCH_END})
+
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.FIT_START, Event.BATCH_END)
 

@@ -113,6 +113,8 @@ class LowPrecisionLayerNorm(ComposableAlgorithm, config=LowPrecisionLayerNormCon
     ) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -96,6 +96,8 @@ class MixUp(ComposableAlgorithm, config=MixUpConfig):
         self.permuted_targets: Any = None
         self._original: Any = None
 
+    match_events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS})
+
     def match(self, event: Event, state: State) -> bool:
         if event == Event.BEFORE_FORWARD:
             return True

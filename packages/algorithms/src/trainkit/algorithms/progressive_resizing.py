@@ -167,6 +167,8 @@ class ProgressiveResizing(ComposableAlgorithm, config=ProgressiveResizingConfig)
     def __init__(self, config: ProgressiveResizingConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.BATCH_START})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BATCH_START
 

@@ -141,6 +141,10 @@ class RandAugment(ComposableAlgorithm, config=RandAugmentConfig):
         super().__init__(config, **options)
         self._transform = RandAugmentTransform(self.config)
 
+    @property
+    def match_events(self) -> frozenset[Event]:  # type: ignore[override]
+        return frozenset({Event.AFTER_DATALOADER if self.config.batch else Event.FIT_START})
+
     def match(self, event: Event, state: State) -> bool:
         return event == (Event.AFTER_DATALOADER if self.config.batch else Event.FIT_START)
 

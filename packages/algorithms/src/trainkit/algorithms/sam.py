@@ -125,6 +125,8 @@ class SAM(ComposableAlgorithm, config=SAMConfig):
         self._replaying = False
         self._engine: Engine | None = None
 
+    match_events = frozenset({Event.BEFORE_TRAIN_BATCH, Event.AFTER_TRAIN_BATCH})
+
     def match(self, event: Event, state: State) -> bool:
         if self._replaying:
             return False

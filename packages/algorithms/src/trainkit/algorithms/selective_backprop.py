@@ -196,6 +196,8 @@ class SelectiveBackprop(ComposableAlgorithm, config=SelectiveBackpropConfig):
         self.kept: torch.Tensor | None = None
         """Indices kept from the last batch (None when it was not cut)."""
 
+    match_events = frozenset({Event.BATCH_START})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BATCH_START
 

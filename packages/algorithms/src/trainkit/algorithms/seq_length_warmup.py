@@ -121,6 +121,8 @@ class SeqLengthWarmup(ComposableAlgorithm, config=SeqLengthWarmupConfig):
     def __init__(self, config: SeqLengthWarmupConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 

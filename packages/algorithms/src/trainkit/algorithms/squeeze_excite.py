@@ -120,6 +120,8 @@ class SqueezeExcite(ComposableAlgorithm, config=SqueezeExciteConfig):
     def __init__(self, config: SqueezeExciteConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -236,6 +236,8 @@ class StochasticDepth(ComposableAlgorithm, config=StochasticDepthConfig):
         self._warmup: float | None = None  # the warm-up as a fraction of training
         self._warming = self.config.drop_warmup not in (0, "0dur")
 
+    match_events = frozenset({Event.INIT, Event.BATCH_START})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT or (event == Event.BATCH_START and self._warming)
 

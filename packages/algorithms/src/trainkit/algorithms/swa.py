@@ -176,6 +176,7 @@ class SWA(ComposableAlgorithm, config=SWAConfig):
         self.initial_lrs: list[list[float]] | None = None
         """Each optimizer's group learning rates at the first update (where annealing starts)."""
         self.applied = False
+        self.match_events = frozenset({Event.BATCH_START, self._event, Event.FIT_END})
 
     def match(self, event: Event, state: State) -> bool:
         if self.applied:

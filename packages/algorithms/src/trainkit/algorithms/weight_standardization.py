@@ -108,6 +108,8 @@ class WeightStandardization(ComposableAlgorithm, config=WeightStandardizationCon
     ) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

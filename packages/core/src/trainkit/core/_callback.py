@@ -51,9 +51,16 @@ class Stateful(Protocol):
 class Algorithm(Configurable, abc.ABC):
     """A training method that changes what the loop computes.
 
-    ``match`` is asked at every event; ``apply`` runs when it says yes. Subclass it and
-    declare a config with ``class MyMethod(Algorithm, config=MyMethodConfig)``.
+    ``match`` is asked at every event (or at its ``match_events``); ``apply`` runs when it
+    says yes. Subclass it and declare a config with
+    ``class MyMethod(Algorithm, config=MyMethodConfig)``.
     """
+
+    match_events: frozenset[Event] | None = None
+    """The events at which ``match`` can say yes: the engine asks it at these only, and an
+    event of a batch that no component needs costs nothing (None: asked at every event,
+    as Composer asks). Read when the method is registered; set it on the instance when it
+    depends on the config."""
 
     order: ClassVar[Order] = "default"
     """``"first"`` (e.g. it chooses the samples the others see), ``"default"``, or

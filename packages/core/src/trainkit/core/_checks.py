@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Collection
 from typing import Any
 
 from trainkit.core._callback import ORDERS, Algorithm, Callback
@@ -33,6 +34,25 @@ def check_algorithm(algorithm: object) -> None:
             f"{', '.join(map(repr, ORDERS))}"
         )
     _check_required_events(algorithm, "algorithm")
+    _check_match_events(algorithm)
+
+
+def _check_match_events(algorithm: Algorithm) -> None:
+    events = algorithm.match_events
+    if events is None:
+        return
+    name = type(algorithm).__name__
+    if isinstance(events, str) or not isinstance(events, Collection):
+        raise TypeError(
+            f"algorithm {name}: match_events must be a set of events (e.g. "
+            f"frozenset({{Event.BATCH_END}})) or None for every event, got {events!r}"
+        )
+    for event in events:
+        if event not in _EVENT_NAMES:
+            raise ValueError(
+                f"algorithm {name}: match_events names {event!r}, which is not an event; use "
+                "Event members, e.g. Event.BATCH_END"
+            )
 
 
 def check_listener(listener: object, kind: str = "callback") -> None:

@@ -7,8 +7,7 @@ import functools
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainkit.core._callback import (
     ORDERS,
@@ -31,9 +30,8 @@ OrderingPass = Callable[[list[Algorithm], Event], list[Algorithm]]
 """Reorders (or filters) the algorithms that matched an event; returns the new list."""
 
 
-@dataclass(frozen=True, slots=True)
-class Trace:
-    """One algorithm's run at one event."""
+class Trace(NamedTuple):
+    """One algorithm's run at one event (a named tuple: one is made per algorithm run)."""
 
     name: str
     event: Event
@@ -56,6 +54,7 @@ _BEFORE_TRAINING = frozenset({Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD, E
 _BATCH_START = Event.BATCH_START
 # Events of each batch that are skipped at once while nothing listens (see run_event);
 # BATCH_START and BEFORE_TRAIN_BATCH are not: they read again what is registered.
+_AFTER_EVENTS = frozenset(event for event in Event if event.is_after)  # run in reverse
 _IN_BATCH = frozenset(
     {
         Event.BEFORE_DATALOADER,
@@ -104,7 +103,8 @@ class Engine:
         self.passes: list[OrderingPass] = []
         self.history: collections.deque[Trace] = collections.deque(maxlen=history_size)
         self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
-        # What the per-event caches (_listeners, _quiet, _outputs_needed) were built for:
+        self._candidates: dict[Event, list[Algorithm]] = {}  # may match it, ranked
+        # What the per-event caches (_listeners, _candidates, _quiet, _outputs_needed) were built for:
         # the registered lists and their lengths. Read again at every event that is not
         # skipped and after every component that ran; the caches are rebuilt when it changes.
         self._registered: tuple[int, ...] = ()
@@ -118,7 +118,6 @@ class Engine:
         self.log_traces = False
         """Send each event's algorithm runs to the logger (``algorithm_traces/<name>/<event>``:
         the algorithm's int return value, or 1) -- the Trainer's ``log_traces``."""
-        self._sync_algorithms()
         self._check_registered()  # checks the callbacks now
 
     def register_pass(self, ordering_pass: OrderingPass, index: int = -1) -> None:
@@ -156,16 +155,17 @@ class Engine:
                 self._quiet.add(event)
             return _NO_TRACES
         self._check_registered()
-        if state.algorithms:  # each one's match() decides: never skipped
-            traces = self._run_algorithms(event)
+        candidates = self._candidates.get(event)
+        if candidates is None:
+            candidates = self._candidates_for(event)
+        traces = self._run_algorithms(event, candidates) if candidates else _NO_TRACES
+        if traces:
             self._check_registered()  # an algorithm may have added or removed a component
-        else:
-            traces = _NO_TRACES
         listeners = self._listeners.get(event)
         if listeners is None:
             listeners = self._listeners_for(event)
         if not listeners:
-            if event in _IN_BATCH and not state.algorithms:
+            if not candidates and event in _IN_BATCH:
                 self._quiet.add(event)
             return traces
         for listener, handler in listeners:
@@ -198,7 +198,8 @@ class Engine:
             return
         self._registered = key
         self._registered_lists = (algorithms, callbacks, destinations)  # their ids stay theirs
-        self._listeners = {}
+        self._sync_algorithms()
+        self._listeners, self._candidates = {}, {}
         self._quiet = set()
         for callback in callbacks:
             check_listener(callback)
@@ -216,8 +217,9 @@ class Engine:
         self._check_registered()
         errors: list[Exception] = []
         try:
-            if self.state.algorithms:
-                self._run_algorithms(event)
+            candidates = self._candidates_for(event)
+            if candidates:
+                self._run_algorithms(event, candidates)
         except Exception as err:
             errors.append(err)
         for listener, handler in self._listeners_for(event):
@@ -228,13 +230,14 @@ class Engine:
                 errors.append(CallbackError(f"{who} failed at event {event.name}: {err!r}"))
         return errors
 
-    def _run_algorithms(self, event: Event) -> list[Trace]:
+    def _run_algorithms(self, event: Event, candidates: list[Algorithm]) -> list[Trace]:
         state, logger = self.state, self.logger
-        self._sync_algorithms()
-        matched = [a for a in self._ranked if a.match(event, state)]
+        matched = [a for a in candidates if a.match(event, state)]
+        if not matched:
+            return _NO_TRACES  # the passes order (or filter) what matched: nothing to do
         for ordering_pass in self.passes:
             matched = ordering_pass(matched, event)
-        if event.is_after:
+        if event in _AFTER_EVENTS:
             matched = matched[::-1]  # a copy: a pass may have returned a list it keeps
         traces = []
         for order, algorithm in enumerate(matched):
@@ -268,6 +271,15 @@ class Engine:
         return any(d is listener for d in self.logger.destinations) and not any(
             c is listener for c in self.state.callbacks
         )
+
+    def _candidates_for(self, event: Event) -> list[Algorithm]:
+        # The algorithms whose match() is asked at ``event``: those that declare it among
+        # their match_events, or declare none (asked at every event); ranked by order.
+        candidates = self._candidates.get(event)
+        if candidates is None:
+            candidates = [a for a in self._ranked if _may_match(a, event)]
+            self._candidates[event] = candidates
+        return candidates
 
     def _sync_algorithms(self) -> None:
         # Runs when the algorithm list changes, not per event: check new algorithms, rank
@@ -359,6 +371,11 @@ class Engine:
             for other, other_method, other_err in others:
                 wrapped.add_note(f"also failed: {_name(other)}.{other_method}(): {other_err!r}")
             raise wrapped from err
+
+
+def _may_match(algorithm: Algorithm, event: Event) -> bool:
+    events = algorithm.match_events
+    return events is None or event in events
 
 
 def _handler(listener: object, event: Event) -> Callable[..., None]:

@@ -121,6 +121,8 @@ def build_config(config_class: type[C], config: C | None, options: Mapping[str, 
         TypeError: ``config`` is of another class, or an option is not a field; the message
             lists the fields.
     """
+    if not options and type(config) is config_class:
+        return config  # as given (a function that takes a config may run every batch)
     if config is not None and not isinstance(config, config_class):
         raise TypeError(
             f"expected a {config_class.__name__}, got {type(config).__name__}; pass the config "

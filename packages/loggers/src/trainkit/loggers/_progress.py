@@ -50,13 +50,18 @@ class ProgressBar(ProgressLines, config=ProgressBarConfig):
         self._last_draw = 0.0
         self._start: tuple[float, float] | None = None
         self._drawn = False
+        self._terminal: tuple[IO[str], bool] | None = None  # (stream, whether a terminal)
 
     @property
     def _out(self) -> IO[str]:
         return self.config.stream or sys.stdout
 
     def _is_terminal(self) -> bool:
-        return bool(getattr(self._out, "isatty", lambda: False)())
+        # Asked every batch: the answer is kept per stream (isatty is a system call).
+        out = self._out
+        if self._terminal is None or self._terminal[0] is not out:
+            self._terminal = (out, bool(getattr(out, "isatty", lambda: False)()))
+        return self._terminal[1]
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._start = (time.monotonic(), state.elapsed_fraction())

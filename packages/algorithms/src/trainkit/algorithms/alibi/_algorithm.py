@@ -208,6 +208,8 @@ class Alibi(ComposableAlgorithm, config=AlibiConfig):
     def __init__(self, config: AlibiConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
 
+    match_events = frozenset({Event.INIT, Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         if event == Event.AFTER_DATALOADER:
             return self.config.train_sequence_length_scaling < 1
