@@ -92,6 +92,12 @@ def main() -> None:
         action="store_true",
         help="keep Classifier's default train accuracy (work the raw loop does not do)",
     )
+    parser.add_argument(
+        "--components",
+        action="store_true",
+        help="also the null model's overhead with a progress bar, and with GradientClipping "
+        "(against a hand-written loop that clips); needs trainkit-loggers and -algorithms",
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -166,6 +172,9 @@ def main() -> None:
         f"us/step, one that only keeps the books (samples, Timestamp, finite loss) "
         f"{books * 1e6:+.1f} us/step"
     )
+    if args.components:
+        for name, extra in component_overheads(args.steps, args.null_repeats // 3).items():
+            print(f"fixed overhead {name}: {extra * 1e6:+.1f} us/step")
 
 
 class _Null(nn.Module):
@@ -264,6 +273,71 @@ def fixed_overhead(steps: int, repeats: int) -> tuple[float, float, float]:
         return statistics.median(t - r for t, r in zip(times[name], times["raw"], strict=True))
 
     return extra("trainkit"), extra("raw again"), extra("bookkeeping")
+
+
+def component_overheads(steps: int, repeats: int) -> dict[str, float]:
+    """The Trainer's per-step overhead on the null model with what real runs register: the
+    progress bar (printing to nowhere), and GradientClipping, each against the hand-written
+    loop doing the same work (the second clips its gradients the same way)."""
+    import io
+
+    from trainkit.algorithms import GradientClipping
+    from trainkit.algorithms.gradient_clipping import apply_gradient_clipping
+    from trainkit.loggers import ProgressBar
+
+    batches = [(torch.zeros(64, 1),)] * steps
+
+    def trainer(**options: Any) -> Callable[[], None]:
+        model = _Null()
+        run = Trainer(
+            model=model,
+            train_dataloader=batches,
+            max_duration=None,
+            optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+            device="cpu",
+            seed=0,
+            **options,
+        )
+        return lambda: run.fit(duration=f"{steps}ba")
+
+    def hand_written(clip: Any = None) -> Callable[[], None]:
+        model = _Null()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def loop() -> None:
+            for batch in batches:
+                optimizer.zero_grad(set_to_none=True)
+                model.loss(model(batch), batch).backward()
+                if clip is not None:
+                    apply_gradient_clipping(model, clip)
+                optimizer.step()
+
+        return loop
+
+    clipping = GradientClipping(clipping_type="norm", clipping_threshold=1.0)
+    loops = {
+        "raw": hand_written(),
+        "raw, clipping": hand_written(clipping.config),
+        "with a progress bar": trainer(
+            progress_bar=False, loggers=[ProgressBar(stream=io.StringIO())]
+        ),
+        "with GradientClipping": trainer(progress_bar=False, algorithms=[clipping]),
+    }
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    for loop in loops.values():
+        loop()  # warm-up
+    names = list(loops)
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(timed(loops[name], steps).cpu)
+    baselines = {"with a progress bar": "raw", "with GradientClipping": "raw, clipping"}
+    return {
+        f"{name} (against {base})": statistics.median(
+            t - r for t, r in zip(times[name], times[base], strict=True)
+        )
+        for name, base in baselines.items()
+    }
 
 
 if __name__ == "__main__":
