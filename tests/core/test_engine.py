@@ -584,6 +584,20 @@ def test_an_unknown_required_event_is_refused():
         make_engine(callbacks=[Needs()])
 
 
+def test_a_bad_component_added_later_is_refused_at_every_event_until_removed():
+    engine = make_engine()
+    engine.run_event(Event.FIT_START)
+    bad = Asked(frozenset({"batch_ends"}))
+    engine.state.algorithms.append(bad)
+    for _ in range(2):  # not once, then silently kept
+        with pytest.raises(ValueError, match="'batch_ends', which is not an event"):
+            engine.run_event(Event.BATCH_START)
+    engine.state.algorithms.remove(bad)
+    engine.state.callbacks.append(Recorder())
+    engine.run_event(Event.BATCH_START)
+    assert engine.state.callbacks[0].heard == [Event.BATCH_START]
+
+
 def test_a_logger_destination_must_subclass_the_base_class():
     class Duck:
         def log_metrics(self, metrics, step):

@@ -52,9 +52,9 @@ _NO_TRACES: list[Trace] = []
 # Events a loop fires before its first batch (checked when the first batch starts).
 _BEFORE_TRAINING = frozenset({Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD, Event.FIT_START})
 _BATCH_START = Event.BATCH_START
+_AFTER_EVENTS = frozenset(event for event in Event if event.is_after)  # run in reverse
 # Events of each batch that are skipped at once while nothing listens (see run_event);
 # BATCH_START and BEFORE_TRAIN_BATCH are not: they read again what is registered.
-_AFTER_EVENTS = frozenset(event for event in Event if event.is_after)  # run in reverse
 _IN_BATCH = frozenset(
     {
         Event.BEFORE_DATALOADER,
@@ -104,9 +104,10 @@ class Engine:
         self.history: collections.deque[Trace] = collections.deque(maxlen=history_size)
         self._listeners: dict[Event, list[tuple[object, Callable[..., None]]]] = {}
         self._candidates: dict[Event, list[Algorithm]] = {}  # may match it, ranked
-        # What the per-event caches (_listeners, _candidates, _quiet, _outputs_needed) were built for:
-        # the registered lists and their lengths. Read again at every event that is not
-        # skipped and after every component that ran; the caches are rebuilt when it changes.
+        # What the per-event caches (_listeners, _candidates, _quiet, _outputs_needed) were
+        # built for: the registered lists and their lengths. Read again at every event that
+        # is not skipped and after every component that ran; the caches are rebuilt when it
+        # changes.
         self._registered: tuple[int, ...] = ()
         self._registered_lists: tuple[list[Any], ...] = ()
         self._quiet: set[Event] = set()  # in-batch events fired before that nothing listens to
@@ -183,7 +184,9 @@ class Engine:
 
     def _check_registered(self) -> None:
         # Empties the per-event caches when the registered lists changed (replaced, or
-        # grown or shrunk in place). Runs twice per batch, so it compares one flat tuple.
+        # grown or shrunk in place), once what is new passes its checks (a component that
+        # fails them raises at every event until it is fixed or removed). Runs several
+        # times per batch, so it compares one flat tuple.
         state, destinations = self.state, self.logger.destinations
         algorithms, callbacks = state.algorithms, state.callbacks
         key = (
@@ -196,13 +199,13 @@ class Engine:
         )
         if key == self._registered:
             return
-        self._registered = key
-        self._registered_lists = (algorithms, callbacks, destinations)  # their ids stay theirs
         self._sync_algorithms()
-        self._listeners, self._candidates = {}, {}
-        self._quiet = set()
         for callback in callbacks:
             check_listener(callback)
+        self._registered = key
+        self._registered_lists = (algorithms, callbacks, destinations)  # their ids stay theirs
+        self._listeners, self._candidates = {}, {}
+        self._quiet = set()
         self._outputs_needed = any(
             getattr(component, "needs_outputs", False) is True
             for component in [*algorithms, *callbacks, *destinations]
@@ -288,13 +291,13 @@ class Engine:
         key = (id(algorithms), len(algorithms))
         if key == self._algorithms_key:
             return
-        self._algorithms_key = key
         for algorithm in algorithms:
             check_algorithm(algorithm)
             for ordering_pass in algorithm.ordering_passes:
                 if ordering_pass not in self.passes:
                     self.register_pass(ordering_pass)
         self._ranked = sorted(algorithms, key=lambda a: ORDERS.index(a.order))
+        self._algorithms_key = key
 
     def _listeners_for(self, event: Event) -> Sequence[tuple[object, Callable[..., None]]]:
         # Callbacks and destinations that only inherit no-ops are skipped; built once per
