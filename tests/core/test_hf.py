@@ -142,8 +142,8 @@ def test_import_trainkit_core_does_not_import_transformers():
     assert result.returncode == 0, result.stderr
 
 
-def _fit_one_batch(batch, microbatch_size):
-    model = _gpt2(seed=3)
+def _fit_one_batch(batch, microbatch_size, build=None):
+    model = build() if build is not None else _gpt2(seed=3)
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0  # every run must compute the same function
@@ -187,6 +187,30 @@ def test_a_microbatch_without_label_tokens_adds_nothing_instead_of_nan():
     loss, weights = _fit_one_batch(batch, None)
     initial = torch.cat([p.detach().reshape(-1) for p in _gpt2(seed=3).parameters()])
     assert loss == 0.0 and torch.equal(weights, initial)
+
+
+def _bert(seed: int = 5) -> HuggingFaceModel:
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32,
+        vocab_size=VOCAB, max_position_embeddings=32,
+    )  # fmt: skip
+    return HuggingFaceModel(transformers.BertForMaskedLM(config))
+
+
+def test_a_masked_lm_microbatch_without_masked_tokens_adds_nothing_instead_of_nan():
+    # BERT's loss takes no num_items_in_batch: a microbatch of samples with no masked token
+    # has a 0/0 token mean (NaN) and a zero gradient. It must add nothing to the step, which
+    # then equals one pass over the whole batch, instead of stopping it as non-finite.
+    batch = _batches(1, batch_size=4, seq_len=8)[0]
+    batch["labels"][:2] = -100  # samples 0 and 1: nothing masked
+    batch["labels"][2:, :5] = -100
+    whole_loss, whole = _fit_one_batch(batch, None, _bert)
+    assert math.isfinite(whole_loss)
+    for size in (1, 2):
+        loss, weights = _fit_one_batch(batch, size, _bert)
+        assert loss == pytest.approx(whole_loss, rel=1e-5)
+        torch.testing.assert_close(weights, whole, rtol=1e-5, atol=1e-5)
 
 
 def test_a_model_whose_forward_takes_no_loss_arguments_is_called_without_them():

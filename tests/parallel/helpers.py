@@ -118,9 +118,19 @@ class MaskedTokens(Tokens):
         return {"input_ids": self.ids[index], "labels": labels}
 
 
+class UnlabelledOdd(Tokens):
+    """`Tokens` whose odd samples have no label at all (-100), for a masked language model:
+    the rank that reads them has nothing to weigh."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        labels = self.ids[index].clone()
+        labels[: 8 if index % 2 else 4] = -100
+        return {"input_ids": self.ids[index], "labels": labels}
+
+
 def import_transformers() -> None:
     """Import the transformers models here, before forking, so no rank imports them again."""
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM  # noqa: F401
+    from transformers import BertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM  # noqa: F401
 
 
 def gpt2() -> HuggingFaceModel:
@@ -132,6 +142,18 @@ def gpt2() -> HuggingFaceModel:
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     return HuggingFaceModel(GPT2LMHeadModel(config))
+
+
+def bert() -> HuggingFaceModel:
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32,
+        vocab_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    return HuggingFaceModel(BertForMaskedLM(config))
 
 
 def llama() -> HuggingFaceModel:

@@ -12,7 +12,9 @@ from parallel.helpers import (
     ClipGrad,
     LossLog,
     MaskedTokens,
+    UnlabelledOdd,
     assert_close,
+    bert,
     gpt2,
     import_transformers,
     make_trainer,
@@ -108,6 +110,29 @@ def test_ranks_with_more_label_tokens_weigh_more_as_in_one_process():
     alone = train(None, 0, 1, **options)
     assert_close(results[0][0], dict.fromkeys(results[0][0], alone), 1e-5)
     # Every rank's loss is the step's: one process's loss on the whole batch.
+    expected = _losses(None, 0, 1, **options)
+    for _, losses in results:
+        assert losses == pytest.approx(expected, abs=1e-5)
+
+
+def _one_rank_unlabelled(rank, world):
+    options = {"model": bert, "data": UnlabelledOdd(), "optimizer": "sgd"}
+    weights = {
+        "ddp": train(DDP(), rank, world, **options),
+        "ddp, microbatches": train(DDP(), rank, world, device_train_microbatch_size=3, **options),
+    }
+    return weights, _losses(DDP(), rank, world, **options)
+
+
+def test_a_rank_without_label_tokens_adds_nothing_as_in_one_process():
+    # BERT's loss takes no count of label tokens: rank 1 reads only unlabelled samples, so
+    # its token mean is 0/0 (NaN) while its gradient is zero. The step must equal one
+    # process on the whole batch, not stop as non-finite on rank 1.
+    import_transformers()
+    results = run_ranks(_one_rank_unlabelled, 2)
+    options = {"model": bert, "data": UnlabelledOdd(), "optimizer": "sgd"}
+    alone = train(None, 0, 1, **options)
+    assert_close(results[0][0], dict.fromkeys(results[0][0], alone), 1e-5)
     expected = _losses(None, 0, 1, **options)
     for _, losses in results:
         assert losses == pytest.approx(expected, abs=1e-5)

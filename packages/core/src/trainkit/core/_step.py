@@ -93,7 +93,8 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
                     scaled = _forward_backward(
                         state, engine, model, unwrapped, autocast, weight, share
                     )
-                total = scaled.detach() if total is None else total + scaled.detach()
+                part = _weighed(scaled.detach(), weight)
+                total = part if total is None else total + part
             assert total is not None
     except torch.OutOfMemoryError as error:
         if not state.auto_microbatching:
@@ -103,7 +104,10 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     if state.auto_microbatching and settle(failed is not None, state.device):
         # Every rank stops here alike, before the collectives below.
         raise failed or torch.OutOfMemoryError(OTHER_RANK_MESSAGE)
-    state.rank_loss = total = total.detach()
+    total = total.detach()
+    if share is not None:
+        total = _weighed(total, share)  # this rank's batch may weigh nothing
+    state.rank_loss = total
     if averaged:
         total = _mean_over_ranks(total, share)
     state.total_loss = total
@@ -146,6 +150,16 @@ def _forward_backward(
     state.precision.backward(scaled if share is None else scaled * share)
     engine.run_event(_AFTER_BACKWARD)
     return scaled
+
+
+def _weighed(loss: torch.Tensor, weight: Any) -> torch.Tensor:
+    # A microbatch, or a rank's batch, that weighs nothing (no label token) adds nothing to
+    # the step's loss. Its own token mean is 0/0 for models that do not take
+    # num_items_in_batch (BERT, T5, ...): NaN, which would stop a step that trains fine, as
+    # its gradient is zero. Computed on the device: no host sync.
+    if isinstance(weight, torch.Tensor):
+        return torch.where(weight > 0, loss, 0.0)
+    return loss
 
 
 def _split(state: State, batch: Any) -> list[Any]:
