@@ -259,6 +259,20 @@ def fixed_overhead(steps: int, repeats: int) -> tuple[float, float, float]:
         "bookkeeping": bookkeeping,
         "trainkit": trainkit_loop,
     }
+    times = rotating_cpu_times(loops, steps, repeats)
+    trainer.close()
+
+    def extra(name: str) -> float:
+        return statistics.median(t - r for t, r in zip(times[name], times["raw"], strict=True))
+
+    return extra("trainkit"), extra("raw again"), extra("bookkeeping")
+
+
+def rotating_cpu_times(
+    loops: dict[str, Callable[[], None]], steps: int, repeats: int
+) -> dict[str, list[float]]:
+    """CPU seconds per step of each loop, ``repeats`` times, after a warm-up of each; the
+    loops run in turn, rotating which goes first."""
     times: dict[str, list[float]] = {name: [] for name in loops}
     for loop in loops.values():
         loop()  # warm-up
@@ -267,12 +281,7 @@ def fixed_overhead(steps: int, repeats: int) -> tuple[float, float, float]:
         shift = repeat % len(names)
         for name in names[shift:] + names[:shift]:
             times[name].append(timed(loops[name], steps).cpu)
-    trainer.close()
-
-    def extra(name: str) -> float:
-        return statistics.median(t - r for t, r in zip(times[name], times["raw"], strict=True))
-
-    return extra("trainkit"), extra("raw again"), extra("bookkeeping")
+    return times
 
 
 def component_overheads(steps: int, repeats: int) -> dict[str, float]:
@@ -323,14 +332,7 @@ def component_overheads(steps: int, repeats: int) -> dict[str, float]:
         ),
         "with GradientClipping": trainer(progress_bar=False, algorithms=[clipping]),
     }
-    times: dict[str, list[float]] = {name: [] for name in loops}
-    for loop in loops.values():
-        loop()  # warm-up
-    names = list(loops)
-    for repeat in range(repeats):
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
-            times[name].append(timed(loops[name], steps).cpu)
+    times = rotating_cpu_times(loops, steps, repeats)
     baselines = {"with a progress bar": "raw", "with GradientClipping": "raw, clipping"}
     return {
         f"{name} (against {base})": statistics.median(

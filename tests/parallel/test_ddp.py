@@ -91,8 +91,20 @@ def _losses(strategy, rank, world, **options):
     return log.losses
 
 
-def _token_weighted(rank, world):
-    options = {"model": gpt2, "data": MaskedTokens(), "optimizer": "sgd"}
+TOKEN_WEIGHTED = {
+    # Rank 0 reads the even samples (7 label tokens each), rank 1 the odd ones (1 each). A
+    # plain average of the ranks' gradients would weigh rank 1's tokens 7 times as much.
+    "gpt2, 7 and 1 label tokens a sample": (gpt2, MaskedTokens),
+    # BERT's loss takes no count of label tokens: rank 1 reads only unlabelled samples, so
+    # its token mean is 0/0 (NaN) while its gradient is zero. The step must not stop as
+    # non-finite on rank 1.
+    "bert, none on rank 1": (bert, UnlabelledOdd),
+}
+
+
+def _token_weighted(rank, world, case):
+    model, data = TOKEN_WEIGHTED[case]
+    options = {"model": model, "data": data(), "optimizer": "sgd"}
     weights = {
         "ddp": train(DDP(), rank, world, **options),
         "ddp, microbatches": train(DDP(), rank, world, device_train_microbatch_size=3, **options),
@@ -101,38 +113,15 @@ def _token_weighted(rank, world):
     return weights, _losses(DDP(), rank, world, **options)
 
 
-def test_ranks_with_more_label_tokens_weigh_more_as_in_one_process():
-    # Rank 0 reads the even samples (7 label tokens each), rank 1 the odd ones (1 each). A
-    # plain average of the ranks' gradients would weigh rank 1's tokens 7 times as much.
+@pytest.mark.parametrize("case", TOKEN_WEIGHTED)
+def test_ranks_weigh_by_their_label_tokens_as_in_one_process(case):
     import_transformers()
-    results = run_ranks(_token_weighted, 2)
-    options = {"model": gpt2, "data": MaskedTokens(), "optimizer": "sgd"}
+    results = run_ranks(_token_weighted, 2, case)
+    model, data = TOKEN_WEIGHTED[case]
+    options = {"model": model, "data": data(), "optimizer": "sgd"}
     alone = train(None, 0, 1, **options)
     assert_close(results[0][0], dict.fromkeys(results[0][0], alone), 1e-5)
     # Every rank's loss is the step's: one process's loss on the whole batch.
-    expected = _losses(None, 0, 1, **options)
-    for _, losses in results:
-        assert losses == pytest.approx(expected, abs=1e-5)
-
-
-def _one_rank_unlabelled(rank, world):
-    options = {"model": bert, "data": UnlabelledOdd(), "optimizer": "sgd"}
-    weights = {
-        "ddp": train(DDP(), rank, world, **options),
-        "ddp, microbatches": train(DDP(), rank, world, device_train_microbatch_size=3, **options),
-    }
-    return weights, _losses(DDP(), rank, world, **options)
-
-
-def test_a_rank_without_label_tokens_adds_nothing_as_in_one_process():
-    # BERT's loss takes no count of label tokens: rank 1 reads only unlabelled samples, so
-    # its token mean is 0/0 (NaN) while its gradient is zero. The step must equal one
-    # process on the whole batch, not stop as non-finite on rank 1.
-    import_transformers()
-    results = run_ranks(_one_rank_unlabelled, 2)
-    options = {"model": bert, "data": UnlabelledOdd(), "optimizer": "sgd"}
-    alone = train(None, 0, 1, **options)
-    assert_close(results[0][0], dict.fromkeys(results[0][0], alone), 1e-5)
     expected = _losses(None, 0, 1, **options)
     for _, losses in results:
         assert losses == pytest.approx(expected, abs=1e-5)

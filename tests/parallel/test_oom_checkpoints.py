@@ -202,18 +202,23 @@ def test_a_users_ddp_communication_hook_stays_and_is_said_to_go_unchecked():
         assert "Set device_train_microbatch_size to a number" in messages[0]
 
 
-def _one_rank_ddp(rank, world):
+def _fit_auto(strategy, rank, world, model):
+    # Auto-microbatching from whole batches: the size it lands on, and the weights.
     trainer = make_trainer(
-        DDP(),
+        strategy,
         rank,
         world,
-        model=_model(rank, (0,), "backward"),
+        model=model,
         device_train_microbatch_size="auto",
         optimizer="sgd",
         batches=BATCHES,
     )
     trainer.fit()
     return trainer.state.device_train_microbatch_size, to_bytes(full_weights(trainer.state.model))
+
+
+def _one_rank_ddp(rank, world):
+    return _fit_auto(DDP(), rank, world, _model(rank, (0,), "backward"))
 
 
 def test_ddp_on_one_rank_retries_a_backward_that_ran_out_of_memory():
@@ -236,17 +241,7 @@ def _head_runs_out_of_memory_in_backward(rank, world):
         )
         return model
 
-    trainer = make_trainer(
-        FSDP(),
-        rank,
-        world,
-        model=build,
-        device_train_microbatch_size="auto",
-        optimizer="sgd",
-        batches=BATCHES,
-    )
-    trainer.fit()
-    return trainer.state.device_train_microbatch_size, to_bytes(full_weights(trainer.state.model))
+    return _fit_auto(FSDP(), rank, world, build)
 
 
 def test_fsdp_rank_out_of_memory_at_the_start_of_backward_stops_the_others_before_a_gather():
