@@ -196,17 +196,23 @@ def null_setup(steps: int) -> tuple[list[Any], _Null, torch.optim.Optimizer, Tra
     over another null model (no loggers, no progress bar), for one run of ``steps`` batches
     per ``fit(duration=...)``."""
     batches = [(torch.zeros(64, 1),)] * steps
-    raw_model, model = _Null(), _Null()
-    trainer = Trainer(
+    raw_model = _Null()
+    trainer = null_trainer(batches, progress_bar=False)
+    return batches, raw_model, torch.optim.SGD(raw_model.parameters(), lr=0.1), trainer
+
+
+def null_trainer(batches: list[Any], **options: Any) -> Trainer:
+    """A Trainer over a new null model with SGD, on ``batches``, with ``options``."""
+    model = _Null()
+    return Trainer(
         model=model,
         train_dataloader=batches,
         max_duration=None,
         optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
         device="cpu",
         seed=0,
-        progress_bar=False,
+        **options,
     )
-    return batches, raw_model, torch.optim.SGD(raw_model.parameters(), lr=0.1), trainer
 
 
 def fixed_overhead(steps: int, repeats: int) -> tuple[float, float, float]:
@@ -297,16 +303,7 @@ def component_overheads(steps: int, repeats: int) -> dict[str, float]:
     batches = [(torch.zeros(64, 1),)] * steps
 
     def trainer(**options: Any) -> Callable[[], None]:
-        model = _Null()
-        run = Trainer(
-            model=model,
-            train_dataloader=batches,
-            max_duration=None,
-            optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-            device="cpu",
-            seed=0,
-            **options,
-        )
+        run = null_trainer(batches, **options)
         return lambda: run.fit(duration=f"{steps}ba")
 
     def hand_written(clip: Any = None) -> Callable[[], None]:
