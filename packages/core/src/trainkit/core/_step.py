@@ -157,8 +157,8 @@ def _weighed(loss: torch.Tensor, weight: Any) -> torch.Tensor:
     # the step's loss. Its own token mean is 0/0 for models that do not take
     # num_items_in_batch (BERT, T5, ...): NaN, which would stop a step that trains fine, as
     # its gradient is zero. Computed on the device: no host sync.
-    if isinstance(weight, torch.Tensor):
-        return torch.where(weight > 0, loss, 0.0)
+    if isinstance(weight, torch.Tensor):  # a model's loss_weight: maybe counted elsewhere
+        return torch.where((weight > 0).to(loss.device, non_blocking=True), loss, 0.0)
     return loss
 
 
