@@ -49,9 +49,10 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     gradient equals the gradient of the whole batch's mean loss. The share is counted by
     the model's ``loss_weight(batch)`` when it has one (label tokens, for token-mean
     losses), else in samples; with ``loss_weight``, data-parallel ranks are weighted by
-    their share of the step's total too (`_rank_share`). The returned loss (also
-    ``state.total_loss``) is the step's, the same on every data-parallel rank: the mean
-    over the ranks, weighted as the gradient is. Under ``state.auto_microbatching``, every
+    their share of the step's total too (`_rank_share`); a microbatch, or a rank's batch,
+    that weighs nothing (no label token) adds nothing to the loss (`_weighed`). The
+    returned loss (also ``state.total_loss``) is the step's, the same on every
+    data-parallel rank: the mean over the ranks, weighted as the gradient is. Under ``state.auto_microbatching``, every
     rank raises `torch.OutOfMemoryError` when any rank ran out of memory (`settle`: one
     collective per call when no rank did), so that all can retry together (`train_batch`).
     Gradient synchronisation is skipped (``parallelism.no_sync``) for all but the last
