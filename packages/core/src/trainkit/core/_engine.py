@@ -108,8 +108,8 @@ class Engine:
         # built for: the registered lists and their lengths. Read again at every event that
         # is not skipped and after every component that ran; the caches are rebuilt when it
         # changes.
-        self._registered: tuple[int, ...] = ()
-        self._registered_lists: tuple[list[Any], ...] = ()
+        self._registered: tuple[list[Any] | None, ...] = (None, None, None)
+        self._registered_lengths: tuple[int, ...] = ()
         self._quiet: set[Event] = set()  # in-batch events fired before that nothing listens to
         self.fired: set[Event] = set()
         self._algorithms_key: tuple[int, int] = (0, -1)
@@ -150,7 +150,7 @@ class Engine:
                 self.check_required_events(_BEFORE_TRAINING)
         state = self.state
         if not state.algorithms and not state.callbacks and not self.logger.destinations:
-            self._registered = ()  # nothing to listen: whatever comes next is read afresh
+            self._registered = (None, None, None)  # nothing to listen: read afresh next
             self._outputs_needed = False
             if event in _IN_BATCH:
                 self._quiet.add(event)
@@ -186,24 +186,23 @@ class Engine:
         # Empties the per-event caches when the registered lists changed (replaced, or
         # grown or shrunk in place), once what is new passes its checks (a component that
         # fails them raises at every event until it is fixed or removed). Runs several
-        # times per batch, so it compares one flat tuple.
+        # times per batch, so it compares identities and lengths, building no ids.
         state, destinations = self.state, self.logger.destinations
         algorithms, callbacks = state.algorithms, state.callbacks
-        key = (
-            id(algorithms),
-            id(callbacks),
-            id(destinations),
-            len(algorithms),
-            len(callbacks),
-            len(destinations),
-        )
-        if key == self._registered:
+        seen = self._registered
+        lengths = (len(algorithms), len(callbacks), len(destinations))
+        if (
+            algorithms is seen[0]
+            and callbacks is seen[1]
+            and destinations is seen[2]
+            and lengths == self._registered_lengths
+        ):
             return
         self._sync_algorithms()
         for callback in callbacks:
             check_listener(callback)
-        self._registered = key
-        self._registered_lists = (algorithms, callbacks, destinations)  # their ids stay theirs
+        self._registered = (algorithms, callbacks, destinations)
+        self._registered_lengths = lengths
         self._listeners, self._candidates = {}, {}
         self._quiet = set()
         self._outputs_needed = any(
