@@ -53,3 +53,22 @@ def test_exactly_mixup_cutmix_and_label_smoothing_mix_targets():
         if issubclass(cls, ComposableAlgorithm) and cls.mixes_targets:
             mixing.add(cls)
     assert mixing == {MixUp, CutMix, LabelSmoothing}
+
+
+def test_a_method_that_declares_its_events_matches_exactly_those():
+    class AtInit(ComposableAlgorithm):
+        match_events = frozenset({Event.INIT})
+
+        def apply(self, event, state, logger):
+            pass
+
+    method = AtInit()
+    assert [e for e in Event if method.match(e, None)] == [Event.INIT]
+
+
+def test_a_method_with_neither_match_events_nor_match_is_refused_when_defined():
+    with pytest.raises(TypeError, match="Nothing declares neither match_events nor match"):
+
+        class Nothing(ComposableAlgorithm):
+            def apply(self, event, state, logger):
+                pass

@@ -39,6 +39,16 @@ def warn_on_combined_loss_interpolation(algorithms: list[Any], event: Event) -> 
     return algorithms
 
 
+def _declared(cls: type) -> set[str]:
+    # Names the class, or a base below ComposableAlgorithm, defines itself.
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is ComposableAlgorithm:
+            break
+        names.update(vars(klass))
+    return names
+
+
 STANDARD_PASSES = (warn_on_combined_loss_interpolation,)
 """The ordering passes every method of this package registers."""
 
@@ -55,3 +65,17 @@ class ComposableAlgorithm(Algorithm):
     mixes_targets: ClassVar[bool] = False
     """The method interpolates the targets or the loss (mixup, cutmix, label smoothing):
     combining two such methods warns."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.match is ComposableAlgorithm.match and "match_events" not in _declared(cls):
+            raise TypeError(
+                f"{cls.__name__} declares neither match_events nor match(event, state): declare "
+                "the events it runs at (match_events = frozenset({Event.BATCH_END})), or "
+                "define match"
+            )
+
+    def match(self, event: Event, state: Any) -> bool:
+        """Yes at each of ``match_events`` (which the engine asks it at only): a method that
+        runs at those events whatever the state needs nothing more."""
+        return event in self.match_events  # type: ignore[operator]

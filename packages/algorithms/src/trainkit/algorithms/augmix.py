@@ -183,9 +183,6 @@ class AugMix(ComposableAlgorithm, config=AugMixConfig):
     def match_events(self) -> frozenset[Event]:  # type: ignore[override]
         return frozenset({Event.AFTER_DATALOADER if self.config.batch else Event.FIT_START})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == (Event.AFTER_DATALOADER if self.config.batch else Event.FIT_START)
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         if not cfg.batch:

@@ -168,9 +168,6 @@ class BlurPool(ComposableAlgorithm, config=BlurPoolConfig):
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         model = state.parallelism.unwrap(state.model)
         replaced = apply_blurpool(model, self.config, optimizers=state.optimizers)

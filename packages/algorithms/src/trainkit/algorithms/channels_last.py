@@ -56,9 +56,6 @@ class ChannelsLast(ComposableAlgorithm, config=ChannelsLastConfig):
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         count = apply_channels_last(state.parallelism.unwrap(state.model))
         logger.log_hyperparameters({"channels_last/num_tensors": count})

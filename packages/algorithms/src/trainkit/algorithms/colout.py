@@ -173,9 +173,6 @@ class ColOut(ComposableAlgorithm, config=ColOutConfig):
     def match_events(self) -> frozenset[Event]:  # type: ignore[override]
         return frozenset({Event.BATCH_START if self.config.batch else Event.FIT_START})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == (Event.BATCH_START if self.config.batch else Event.FIT_START)
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         if not cfg.batch:

@@ -96,9 +96,6 @@ class CutOut(ComposableAlgorithm, config=CutOutConfig):
 
     match_events = frozenset({Event.BATCH_START})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.BATCH_START
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         x = get_item(state.batch, cfg.input_key, "cutout")

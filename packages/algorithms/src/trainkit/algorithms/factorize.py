@@ -199,9 +199,6 @@ class Factorize(ComposableAlgorithm, config=FactorizeConfig):
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         model = state.parallelism.unwrap(state.model)
         replaced = apply_factorize(model, self.config, optimizers=state.optimizers)

@@ -233,9 +233,6 @@ class Float8Training(ComposableAlgorithm, config=Float8TrainingConfig):
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         model = state.parallelism.unwrap(state.model)
         converted = apply_float8_training(

@@ -123,9 +123,6 @@ class GatedLinearUnits(ComposableAlgorithm, config=GatedLinearUnitsConfig):
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         model = state.parallelism.unwrap(state.model)
         replaced = apply_gated_linear_units(model, self.config, optimizers=state.optimizers)

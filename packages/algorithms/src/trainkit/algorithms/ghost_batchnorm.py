@@ -106,9 +106,6 @@ class GhostBatchNorm(ComposableAlgorithm, config=GhostBatchNormConfig):
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         model = state.parallelism.unwrap(state.model)
         replaced = apply_ghost_batchnorm(model, self.config, optimizers=state.optimizers)

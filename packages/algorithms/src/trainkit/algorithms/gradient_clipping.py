@@ -89,9 +89,6 @@ class GradientClipping(ComposableAlgorithm, config=GradientClippingConfig):
 
     match_events = frozenset({Event.AFTER_TRAIN_BATCH})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.AFTER_TRAIN_BATCH
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         for optimizer in state.optimizers:
             state.precision.unscale_gradients(optimizer)

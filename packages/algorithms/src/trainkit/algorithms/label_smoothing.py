@@ -65,9 +65,6 @@ class LabelSmoothing(ComposableAlgorithm, config=LabelSmoothingConfig):
 
     match_events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         key = self.config.target_key
         if event == Event.BEFORE_LOSS:

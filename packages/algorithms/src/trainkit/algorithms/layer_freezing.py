@@ -115,9 +115,6 @@ class LayerFreezing(ComposableAlgorithm, config=LayerFreezingConfig):
 
     match_events = frozenset({Event.FIT_START, Event.BATCH_END})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event in (Event.FIT_START, Event.BATCH_END)
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         fraction = frozen_fraction(state.elapsed_fraction(), self.config)
         model = state.parallelism.unwrap(state.model)

@@ -115,9 +115,6 @@ class LowPrecisionLayerNorm(ComposableAlgorithm, config=LowPrecisionLayerNormCon
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         low = dtype_for(self.config.dtype, state.precision)
         if low is None:

@@ -169,9 +169,6 @@ class ProgressiveResizing(ComposableAlgorithm, config=ProgressiveResizingConfig)
 
     match_events = frozenset({Event.BATCH_START})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.BATCH_START
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         scale = resizing_scale(state.elapsed_fraction(), cfg)

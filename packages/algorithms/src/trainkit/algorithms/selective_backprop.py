@@ -198,9 +198,6 @@ class SelectiveBackprop(ComposableAlgorithm, config=SelectiveBackpropConfig):
 
     match_events = frozenset({Event.BATCH_START})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.BATCH_START
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         cfg = self.config
         self.kept = None

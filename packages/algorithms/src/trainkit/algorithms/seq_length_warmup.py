@@ -123,9 +123,6 @@ class SeqLengthWarmup(ComposableAlgorithm, config=SeqLengthWarmupConfig):
 
     match_events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.AFTER_DATALOADER
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         length = warmup_sequence_length(state.elapsed_fraction(), self.config)
         state.batch = set_batch_sequence_length(state.batch, length, self.config)

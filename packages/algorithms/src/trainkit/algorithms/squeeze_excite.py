@@ -122,9 +122,6 @@ class SqueezeExcite(ComposableAlgorithm, config=SqueezeExciteConfig):
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         model = state.parallelism.unwrap(state.model)
         replaced = apply_squeeze_excite(model, self.config, optimizers=state.optimizers)

@@ -110,9 +110,6 @@ class WeightStandardization(ComposableAlgorithm, config=WeightStandardizationCon
 
     match_events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         model = state.parallelism.unwrap(state.model)
         names = apply_weight_standardization(model, self.config, optimizers=state.optimizers)

@@ -52,9 +52,10 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     their share of the step's total too (`_rank_share`); a microbatch, or a rank's batch,
     that weighs nothing (no label token) adds nothing to the loss (`_weighed`). The
     returned loss (also ``state.total_loss``) is the step's, the same on every
-    data-parallel rank: the mean over the ranks, weighted as the gradient is. Under ``state.auto_microbatching``, every
-    rank raises `torch.OutOfMemoryError` when any rank ran out of memory (`settle`: one
-    collective per call when no rank did), so that all can retry together (`train_batch`).
+    data-parallel rank: the mean over the ranks, weighted as the gradient is. Under
+    ``state.auto_microbatching``, every rank raises `torch.OutOfMemoryError` when any rank
+    ran out of memory (`settle`: one collective per call when no rank did), so that all
+    can retry together (`train_batch`).
     Gradient synchronisation is skipped (``parallelism.no_sync``) for all but the last
     microbatch.
     ``state.outputs`` is set to None after AFTER_LOSS unless a registered component
