@@ -48,7 +48,17 @@ def _import_for_forks() -> None:
     import torch._dynamo
     import torch.distributed.checkpoint
     import torch.distributed.fsdp
-    import torch.distributed.tensor.parallel  # noqa: F401
+    import torch.distributed.tensor.parallel
+
+    # One backward before any test. Autograd's engine decides once, at its first backward,
+    # whether to start device threads, after which every forked child's backward fails
+    # ("Unable to handle autograd's threading..."). It starts them if a non-CPU device counts
+    # then, and with CUDA hidden AOTAutograd's tracing still makes one count: a worker whose
+    # first backward came inside a torch.compile or an ONNX export failed every later
+    # multi-rank test. Decided here, with nothing counted, the engine never starts them.
+    # (A GPU run counts CUDA and forks nothing.)
+    if not GPU_RUN:
+        torch.ones((), requires_grad=True).backward()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -36,6 +36,27 @@ _HOST = "127.0.0.1"
 _store_port: int | None = None  # the parent's store, while run_ranks runs (children inherit it)
 
 
+def autograd_threads_started() -> bool:
+    """Whether autograd's engine runs device threads (``pt_autograd_N``) in this process.
+
+    Once it does, every backward in a forked child fails ("Unable to handle autograd's
+    threading in combination with fork-based multiprocessing"). Linux names the threads in
+    /proc; elsewhere this says False.
+    """
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith("pt_autograd_"):
+                    return True
+        except OSError:  # the thread ended
+            continue
+    return False
+
+
 def fork_context() -> Any:
     """The "fork" multiprocessing context, once the parent is known to be safe to fork.
 
@@ -51,6 +72,16 @@ def fork_context() -> Any:
             "parent has run one. CPU tests run with CUDA hidden (tests/conftest.py sets "
             "CUDA_VISIBLE_DEVICES=''); run GPU tests on their own with `uv run pytest -m gpu` "
             "and keep forking tests out of them (docs/testing.md)"
+        )
+    if autograd_threads_started():
+        raise RuntimeError(
+            "refusing to fork test processes: autograd's device threads run in the test "
+            "process, so a forked child's backward would fail (\"Unable to handle autograd's "
+            'threading in combination with fork-based multiprocessing"). The engine starts '
+            "them once, at its first backward, if a non-CPU device counts then: CUDA, or "
+            "AOTAutograd tracing with CUDA hidden (torch.compile, some torch.export and ONNX "
+            "exports). tests/conftest.py runs a backward before any test so that on CPU it "
+            "never does; something started them before that backward (docs/testing.md)"
         )
     return mp.get_context("fork")
 
