@@ -657,6 +657,37 @@ def test_a_callback_added_between_batches_hears_the_next_batch_from_batch_start(
     assert late.heard == list(BATCH[2:])  # from BATCH_START: it re-reads what is registered
 
 
+EVAL_BATCH = (
+    Event.EVAL_BATCH_START,
+    Event.EVAL_BEFORE_FORWARD,
+    Event.EVAL_AFTER_FORWARD,
+    Event.EVAL_BATCH_END,
+)
+PREDICT_BATCH = (
+    Event.PREDICT_BATCH_START,
+    Event.PREDICT_BEFORE_FORWARD,
+    Event.PREDICT_AFTER_FORWARD,
+    Event.PREDICT_BATCH_END,
+)
+
+
+@pytest.mark.parametrize("events", [EVAL_BATCH, PREDICT_BATCH], ids=["eval", "predict"])
+def test_eval_and_predict_batch_events_nobody_hears_are_skipped_until_the_next_batch_start(
+    events,
+):
+    engine = make_engine()
+    for event in events:
+        engine.run_event(event)
+    assert engine._quiet == set(events[1:])  # the batch's start re-reads what is registered
+    late = Recorder()
+    engine.state.callbacks.append(late)
+    for _ in range(2):
+        for event in events:
+            engine.run_event(event)
+    assert late.heard == list(events) * 2
+    assert engine.fired == set(events)
+
+
 def test_a_callback_added_by_another_hears_the_very_next_event():
     late = Recorder()
     adder = Recorder(adds=late, when=Event.AFTER_FORWARD)

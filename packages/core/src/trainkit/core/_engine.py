@@ -54,7 +54,8 @@ _BEFORE_TRAINING = frozenset({Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD, E
 _BATCH_START = Event.BATCH_START
 _AFTER_EVENTS = frozenset(event for event in Event if event.is_after)  # run in reverse
 # Events of each batch that are skipped at once while nothing listens (see run_event);
-# BATCH_START and BEFORE_TRAIN_BATCH are not: they read again what is registered.
+# BATCH_START, BEFORE_TRAIN_BATCH, EVAL_BATCH_START and PREDICT_BATCH_START are not: they
+# read again what is registered.
 _IN_BATCH = frozenset(
     {
         Event.BEFORE_DATALOADER,
@@ -68,6 +69,12 @@ _IN_BATCH = frozenset(
         Event.AFTER_TRAIN_BATCH,
         Event.BATCH_END,
         Event.BATCH_CHECKPOINT,
+        Event.EVAL_BEFORE_FORWARD,
+        Event.EVAL_AFTER_FORWARD,
+        Event.EVAL_BATCH_END,
+        Event.PREDICT_BEFORE_FORWARD,
+        Event.PREDICT_AFTER_FORWARD,
+        Event.PREDICT_BATCH_END,
     }
 )
 
@@ -133,11 +140,13 @@ class Engine:
         listen to it; returns the algorithms' `Trace` objects.
 
         This runs 13 times per batch, mostly for events nobody listens to. Such an event
-        (one of a batch's other than BATCH_START and BEFORE_TRAIN_BATCH) returns at once
-        once it has fired with no listener. Every other event reads again what is
+        (one of a batch's other than BATCH_START and BEFORE_TRAIN_BATCH; of an evaluation or
+        prediction batch's other than EVAL_BATCH_START and PREDICT_BATCH_START) returns at
+        once once it has fired with no listener. Every other event reads again what is
         registered, and so does the end of any event that ran a component: a component that
         another one adds hears the very next event; one added by other code hears the
-        batch's events from the next BATCH_START (or BEFORE_TRAIN_BATCH) on.
+        batch's events from the next BATCH_START (or BEFORE_TRAIN_BATCH, EVAL_BATCH_START,
+        PREDICT_BATCH_START) on.
         """
         if event in self._quiet:  # a str compares equal to its Event
             return _NO_TRACES
