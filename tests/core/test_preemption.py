@@ -94,11 +94,29 @@ def test_handlers_are_restored_after_fit_and_a_later_fit_is_not_preempted():
 
 
 def test_empty_preemption_signals_leaves_sigint_as_keyboard_interrupt():
-    events = Events()
-    run = _trainer([SignalAt(2, signal.SIGINT), events], preemption_signals=[])
-    with pytest.raises(KeyboardInterrupt):
+    # Python's own SIGINT handler, whatever started pytest: a shell script's background job
+    # (`pytest ... &`) starts with SIGINT ignored, and Python then installs no handler.
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        events = Events()
+        run = _trainer([SignalAt(2, signal.SIGINT), events], preemption_signals=[])
+        with pytest.raises(KeyboardInterrupt):
+            run.fit()
+        assert events.seen == ["fit_aborted"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # left alone
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
+def test_empty_preemption_signals_leaves_an_ignored_sigint_ignored():
+    outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run = _trainer([SignalAt(2, signal.SIGINT)], preemption_signals=[])
         run.fit()
-    assert events.seen == ["fit_aborted"]
+        assert run.state.is_done() and run.state.preemption is None
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 def test_fit_in_another_thread_installs_no_handler_and_trains():
