@@ -268,26 +268,79 @@ def _oom_checkpoints(state: State) -> OOMCheckpoints | None:
 
 
 def _save_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    # Runs every batch under auto microbatching, so it must be cheap: a trainkit Metric
-    # that keeps nothing beyond its two running sums (it does not override reset) is saved
-    # as one stacked tensor; other metrics (torchmetrics, ...) are copied whole.
-    return {
-        name: torch.stack((m.total, m.count)) if _sums_only(m) else copy.deepcopy(m)
-        for name, m in metrics.items()
-    }
+    # Runs every batch under auto microbatching, so it must be cheap and must not grow with
+    # what a metric has seen: a trainkit Metric that keeps nothing beyond its two running
+    # sums (it does not override reset) is saved as one stacked tensor; a torchmetrics
+    # metric as its states (`_MetricStates`); any other object is copied whole.
+    return {name: _save_metric(metric) for name, metric in metrics.items()}
+
+
+def _save_metric(metric: Any) -> Any:
+    if _sums_only(metric):
+        return torch.stack((metric.total, metric.count))
+    if _MetricStates.applies_to(metric):
+        return _MetricStates(metric)
+    return copy.deepcopy(metric)
 
 
 def _sums_only(metric: Any) -> bool:
     return isinstance(metric, Metric) and type(metric).reset is Metric.reset
 
 
+class _MetricStates:
+    """A torchmetrics metric's states as they were before a batch, to undo its updates.
+
+    Copying the whole metric (measured on 2 CPU cores) cost 181 us per batch for a 10-class
+    accuracy, and for a metric that keeps every prediction (AUROC: list states) it grows
+    with the batches seen: 3.6 ms per batch after 100. Saving the states costs 6 and 1.5 us.
+    Tensor states are cloned (updates change them in place); a list state is kept as the
+    list and its length: updates append to it (or replace it), so restoring puts the same
+    list back, cut to that length.
+    """
+
+    _EXTRA = ("_update_count", "_computed")  # what update() changes besides the states
+
+    @staticmethod
+    def applies_to(metric: Any) -> bool:
+        # torchmetrics.Metric, recognised without importing torchmetrics; its states are
+        # the names in _defaults (add_state). A MetricCollection is not one: its compute
+        # groups share states between metrics, so it is copied whole.
+        defaults = getattr(metric, "_defaults", None)
+        return isinstance(defaults, dict) and all(hasattr(metric, a) for a in _MetricStates._EXTRA)
+
+    def __init__(self, metric: Any) -> None:
+        self.states: dict[str, Any] = {}
+        for name in metric._defaults:
+            value = getattr(metric, name)
+            if isinstance(value, torch.Tensor):
+                self.states[name] = value.clone()
+            elif type(value) is list:
+                self.states[name] = (value, len(value))
+            else:
+                self.states[name] = copy.deepcopy(value)
+        self.extra = {name: getattr(metric, name) for name in self._EXTRA}
+
+    def restore(self, metric: Any) -> None:
+        for name, value in self.states.items():
+            if isinstance(value, tuple):
+                items, length = value
+                del items[length:]
+                value = items
+            setattr(metric, name, value)
+        for name, value in self.extra.items():
+            setattr(metric, name, value)
+
+
 def _restore_metrics(metrics: dict[str, Any], saved: dict[str, Any]) -> None:
-    # In place: a metric saved as its sums gets them back, any other is replaced by its copy.
+    # In place: a metric saved as its sums or its states gets them back, any other is
+    # replaced by its copy.
     for name, metric in list(metrics.items()):
         value = saved[name]
         if isinstance(value, torch.Tensor):
             metric.total.copy_(value[0])
             metric.count.copy_(value[1])
+        elif isinstance(value, _MetricStates):
+            value.restore(metric)
         else:
             metrics[name] = value
 
