@@ -121,6 +121,31 @@ def test_torchmetrics_are_restored_after_out_of_memory_from_their_states(monkeyp
         torch.testing.assert_close(metrics[name].compute(), value)
 
 
+def test_a_torchmetrics_wrapper_is_restored_whole_after_out_of_memory():
+    # MinMaxMetric is a Metric whose update() updates the metric it wraps: saving only its
+    # own states would leave the inner metric counting the failed attempts too.
+    wrappers = pytest.importorskip("torchmetrics.wrappers")
+    classification = pytest.importorskip("torchmetrics.classification")
+
+    def metrics():
+        return {"minmax": wrappers.MinMaxMetric(classification.MulticlassAccuracy(2))}
+
+    def update(batch, outputs, metric):
+        metric.update(outputs, batch[1])
+
+    plain = OOMInLoss(limit=64, metrics=metrics)
+    plain.update_metric = update
+    expected = _fit(plain).state.train_metrics["minmax"].compute()
+    retried = OOMInLoss(limit=4, metrics=metrics)
+    retried.update_metric = update
+    trainer = _fit(retried, device_train_microbatch_size="auto")
+    assert trainer.state.device_train_microbatch_size == 4
+    wrapper = trainer.state.train_metrics["minmax"]
+    inner = wrapper._base_metric
+    assert int(inner.tp.sum() + inner.fn.sum()) == 64
+    torch.testing.assert_close(wrapper.compute(), expected)
+
+
 def test_no_time_string_is_parsed_per_step(monkeypatch):
     model = mlp()
     trainer = Trainer(

@@ -302,11 +302,18 @@ class _MetricStates:
 
     @staticmethod
     def applies_to(metric: Any) -> bool:
-        # torchmetrics.Metric, recognised without importing torchmetrics; its states are
-        # the names in _defaults (add_state). A MetricCollection is not one: its compute
-        # groups share states between metrics, so it is copied whole.
-        defaults = getattr(metric, "_defaults", None)
-        return isinstance(defaults, dict) and all(hasattr(metric, a) for a in _MetricStates._EXTRA)
+        # A torchmetrics.Metric, recognised without importing torchmetrics: its states are
+        # the names in its own _defaults (add_state). Copied whole instead: a wrapper
+        # (ClasswiseWrapper, MetricTracker, ...: other metrics inside it, whose states it
+        # may reach through attribute delegation) and a MetricCollection (its compute
+        # groups share states between metrics).
+        if not isinstance(metric, nn.Module) or not isinstance(vars(metric).get("_defaults"), dict):
+            return False
+        if not all(hasattr(metric, name) for name in _MetricStates._EXTRA):
+            return False
+        return not any(
+            "_defaults" in vars(inner) for inner in metric.modules() if inner is not metric
+        )
 
     def __init__(self, metric: Any) -> None:
         self.states: dict[str, Any] = {}
