@@ -294,6 +294,7 @@ class _MetricStates:
     10-class accuracy, and for a metric that keeps every prediction (AUROC: list states) it
     grows with the batches seen: 2.3-3.6 ms per batch after 100. Saving the states costs
     6 us and 1.5-1.8 us.
+
     Tensor states are cloned (updates change them in place); a list state is kept as the
     list and its length: updates append to it (or replace it), so restoring puts the same
     list back, cut to that length.
@@ -315,25 +316,22 @@ class _MetricStates:
         return not _holds_metrics(metric)
 
     def __init__(self, metric: Any) -> None:
-        self.states: dict[str, Any] = {}
+        self.lists: dict[str, tuple[list[Any], int]] = {}
+        self.values: dict[str, Any] = {name: getattr(metric, name) for name in self._EXTRA}
         for name in metric._defaults:
             value = getattr(metric, name)
-            if isinstance(value, torch.Tensor):
-                self.states[name] = value.clone()
-            elif type(value) is list:
-                self.states[name] = (value, len(value))
-            else:
-                self.states[name] = copy.deepcopy(value)
-        self.extra = {name: getattr(metric, name) for name in self._EXTRA}
+            if type(value) is list:
+                self.lists[name] = (value, len(value))
+            elif isinstance(value, torch.Tensor):
+                self.values[name] = value.clone()
+            else:  # torchmetrics allows tensors and lists only
+                self.values[name] = copy.deepcopy(value)
 
     def restore(self, metric: Any) -> None:
-        for name, value in self.states.items():
-            if isinstance(value, tuple):
-                items, length = value
-                del items[length:]
-                value = items
-            setattr(metric, name, value)
-        for name, value in self.extra.items():
+        for name, (items, length) in self.lists.items():
+            del items[length:]
+            setattr(metric, name, items)
+        for name, value in self.values.items():
             setattr(metric, name, value)
 
 
