@@ -1,4 +1,4 @@
-"""The fork harness stays usable after a test compiles or exports in the test process."""
+"""The fork harness stays usable after a test compiles (AOTAutograd) in the test process."""
 
 import torch
 from torch import nn
