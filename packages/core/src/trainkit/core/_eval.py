@@ -21,6 +21,7 @@ from trainkit.core import dist
 from trainkit.core._data import DataSpec
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
+from trainkit.core._model import optional_method
 from trainkit.core._oom import OOMCheckpoints, settle
 from trainkit.core._parallel import SingleProcess
 from trainkit.core._state import Evaluator, State
@@ -308,8 +309,5 @@ def predict(
 
 def eval_forward(model: nn.Module, batch: Any) -> Any:
     """``model.eval_forward(batch)``, or ``model(batch)`` for a model without one."""
-    # Looked up on the class (and the instance's own attributes): a plain getattr on a
-    # module without one raises inside nn.Module.__getattr__, every batch.
-    if getattr(type(model), "eval_forward", None) is None and "eval_forward" not in vars(model):
-        return model(batch)
-    return model.eval_forward(batch)
+    method = optional_method(model, "eval_forward")
+    return model(batch) if method is None else method(batch)

@@ -19,6 +19,7 @@ from trainkit.core import dist
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._metrics import Metric
+from trainkit.core._model import optional_method
 from trainkit.core._oom import OTHER_RANK_MESSAGE, OOMCheckpoints, settle
 from trainkit.core._parallel import SingleProcess
 from trainkit.core._precision import _NO_AUTOCAST
@@ -178,7 +179,7 @@ def microbatch_weights(model: nn.Module, data: Any, microbatches: list[Any]) -> 
     (its loss is used as it is, with no extra node in the graph)."""
     if len(microbatches) == 1:
         return [None]
-    measure = getattr(model, "loss_weight", None) or data.get_num_samples_in_batch
+    measure = optional_method(model, "loss_weight") or data.get_num_samples_in_batch
     counts = [measure(microbatch) for microbatch in microbatches]
     total = sum(counts)
     return [count / total for count in counts]
@@ -197,7 +198,7 @@ def _rank_share(state: State, model: nn.Module, batch: Any) -> torch.Tensor | No
     on the whole batch would get (Composer's ``accumulate_train_batch_on_tokens``). Ranks
     that read one batch (tensor parallel) count it once each and cancel out.
     """
-    measure = getattr(model, "loss_weight", None)
+    measure = optional_method(model, "loss_weight")
     if measure is None:
         return None
     local = torch.as_tensor(measure(batch), device=state.device).to(torch.float32)
