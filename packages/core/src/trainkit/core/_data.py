@@ -25,18 +25,23 @@ _UNKNOWN = object()
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    """Move every tensor in a (nested) tuple / list / dict batch to ``device``."""
+    """Move every tensor in a (nested) tuple / list / dict batch to ``device``.
+
+    Containers are rebuilt, so that changing the result in place leaves ``batch`` as it
+    was; a tuple whose values are all tensors on ``device`` already is returned as it is
+    (nothing in it can change).
+    """
     # Concrete types first: isinstance against the Mapping ABC is slow, and this runs per step.
+    kind = batch.__class__
+    if kind is tuple or kind is list:  # the common (inputs, targets) batch
+        for value in batch:
+            if value.__class__ is not torch.Tensor or value.device != device:
+                return kind([to_device(v, device) for v in batch])
+        # Every tensor is there already (CPU training): no call per value, no new tuple.
+        return batch if kind is tuple else batch.copy()
     if isinstance(batch, torch.Tensor):
         # Already there (CPU training): comparing devices costs a fraction of a no-op .to().
         return batch if batch.device == device else batch.to(device, non_blocking=True)
-    if type(batch) in (tuple, list):  # tensors already there are kept without a call
-        return type(batch)(
-            [
-                v if v.__class__ is torch.Tensor and v.device == device else to_device(v, device)
-                for v in batch
-            ]
-        )
     if type(batch) is dict:
         return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
@@ -69,10 +74,11 @@ def default_num_samples(batch: Batch) -> int:
     """Samples in a batch: the size of dim 0 of its first tensor, or for packed text (a
     dict batch with ``position_ids`` beside ``input_ids``, as HF's flattening collator
     makes) the number of sequences, each starting at position 0."""
-    if type(batch) in (tuple, list):  # the common (inputs, targets) batch: no walk, no ABC check
+    kind = batch.__class__
+    if kind is tuple or kind is list:  # the common (inputs, targets) batch: no walk, no ABC check
         first = batch[0] if batch else None
-        if isinstance(first, torch.Tensor) and first.ndim:
-            return first.shape[0]
+        if first.__class__ is torch.Tensor and (shape := first.shape):
+            return shape[0]
     elif isinstance(batch, Mapping) and isinstance(batch.get("position_ids"), torch.Tensor):
         positions, ids = batch["position_ids"], batch.get("input_ids")
         if isinstance(ids, torch.Tensor) and positions.shape == ids.shape:
@@ -89,7 +95,8 @@ def default_num_samples(batch: Batch) -> int:
 def default_num_tokens(batch: Batch) -> int:
     """Tokens in a dict batch with ``input_ids``: those the attention mask keeps when there
     is one, else all of them (packed text has no padding); 0 for other batches."""
-    if type(batch) in (tuple, list) or isinstance(batch, torch.Tensor):
+    kind = batch.__class__
+    if kind is tuple or kind is list or isinstance(batch, torch.Tensor):
         return 0
     if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), torch.Tensor):
         mask = batch.get("attention_mask")
