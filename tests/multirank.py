@@ -86,6 +86,23 @@ def fork_context() -> Any:
     return mp.get_context("fork")
 
 
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment of a fresh interpreter that a test starts (`trainkit launch`, an
+    example script): gloo on the loopback interface, one thread per process, CUDA hidden (so
+    these tests train on CPU, GPU or not) and a plain PATH; then this process's PYTHONPATH,
+    where it has one (trainkit installed with ``pip install --target``, as bench/gpu_checks.sh
+    does on the GPU machine), and ``extra``."""
+    env = {
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PATH": "/usr/bin:/bin",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return {**env, **extra}
+
+
 def torchrun_env(rank: int, world_size: int) -> dict[str, str]:
     """Inside a rank: torchrun's variables for this job, pointing at the parent's store.
 

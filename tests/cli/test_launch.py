@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from multirank import process_env
 from trainkit.cli._launch import torchrun_args
 
 SCRIPT = textwrap.dedent(
@@ -35,13 +36,7 @@ def launch(tmp_path, exit_code, **env):
         capture_output=True,
         text=True,
         timeout=240,
-        env={
-            "GLOO_SOCKET_IFNAME": "lo",
-            "OMP_NUM_THREADS": "1",
-            "PATH": "/usr/bin:/bin",
-            "CUDA_VISIBLE_DEVICES": "",  # gloo on CPU, GPU or not (docs/testing.md)
-            **env,
-        },
+        env=process_env(**env),
     )
 
 

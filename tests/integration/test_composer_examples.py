@@ -11,13 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+from multirank import process_env
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-ENV = {
-    "GLOO_SOCKET_IFNAME": "lo",
-    "OMP_NUM_THREADS": "1",
-    "PATH": "/usr/bin:/bin",
-    "CUDA_VISIBLE_DEVICES": "",  # gloo on CPU, GPU or not (docs/testing.md)
-}
+ENV = process_env()
 
 
 def accuracy(output: str) -> float:

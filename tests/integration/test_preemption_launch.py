@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from multirank import process_env
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import list_checkpoints, load_checkpoint
 from trainkit.core import PREEMPTED_EXIT_CODE, Trainer
@@ -73,12 +74,7 @@ def test_trainkit_launch_two_ranks_preempted_by_sigterm_saves_and_exits_75(tmp_p
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={
-            "GLOO_SOCKET_IFNAME": "lo",
-            "OMP_NUM_THREADS": "1",
-            "PATH": "/usr/bin:/bin",
-            "CUDA_VISIBLE_DEVICES": "",  # gloo on CPU, GPU or not (docs/testing.md)
-        },
+        env=process_env(),
     )
     try:
         deadline = time.monotonic() + 180

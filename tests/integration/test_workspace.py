@@ -2,6 +2,7 @@
 
 import importlib
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -23,4 +24,11 @@ def test_trainkit_is_a_namespace_shared_by_all_distributions():
     import trainkit
 
     assert getattr(trainkit, "__file__", None) is None  # no src/trainkit/__init__.py anywhere
-    assert len(list(trainkit.__path__)) == len(PACKAGES)
+    # Each package is a portion of the namespace: its own folder in the workspace (editable),
+    # or one folder shared by all where they are installed together (pip install --target).
+    portions = {Path(portion).resolve() for portion in trainkit.__path__}
+    for name in PACKAGES:
+        module = importlib.import_module(f"trainkit.{name}")
+        assert Path(module.__file__).resolve().parent.parent in portions, name
+    for dist in (metadata.distribution(f"trainkit-{name}") for name in PACKAGES):
+        assert not any(str(f) == "trainkit/__init__.py" for f in dist.files or []), dist
