@@ -1,30 +1,62 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 14 in one command, for a machine with a CUDA GPU and trainkit
-# installed (`uv sync`, or the wheels on PYTHONPATH). Each step writes OUT/<step>.log;
-# OUT/summary.txt gets one line per step (exit status, seconds).
+# installed (`uv sync`, or bench/device_prep.sh's .device carried along). Each step writes
+# OUT/<step>.log; OUT/summary.txt gets one line per step (exit status, seconds).
 #
-#   bench/gpu_checks.sh OUT                       every step, in this order:
+#   bench/gpu_checks.sh OUT [STEP ...]
 #     gpu_tests    pytest -m gpu (bf16/fp16, real-OOM auto-microbatching, compile, fp8,
 #                  DDP/FSDP2 on NCCL, memory snapshots, the peak-memory target)
-#     throughput   bench/gpu_throughput.py --repeats $REPEATS (default 2), all variants
+#     throughput   bench/gpu_throughput.py --repeats $REPEATS (default 1), all variants
 #     default_run  `trainkit train` with its embedded defaults, in a fresh folder
-#     cpu_suite    the CPU suite on this machine (CUDA visible: tests/conftest.py hides it)
-#   bench/gpu_checks.sh OUT gpu_tests throughput  only those steps
+#     cpu_suite    the CPU suite on this machine (CUDA visible: tests/conftest.py hides it
+#                  from the CPU tests and their child processes)
+#     STEP&        runs STEP in the background, beside the steps after it
+#     wait         waits for the steps running in the background
+#   With no STEP: cpu_suite& gpu_tests wait throughput default_run.
 #
-# Budget (one H100, 2026-11-25): gpu_tests ~3 min; throughput ~45 s per variant and round
-# (compiled ones more), so ~10 min for 2 rounds; default_run ~5 min; cpu_suite ~3 min on
-# 12 workers. PYTHON picks the interpreter (default python3), WORKERS the suite's workers.
+# The CPU suite never touches the GPU, so it can run beside gpu_tests or default_run; the
+# GPU steps run one at a time (the out-of-memory test fills the GPU, and throughput is
+# timed). Each step is stopped after its limit (LIMIT_<step> seconds: gpu_tests 420,
+# throughput 540, default_run 480, cpu_suite 480), so one hung step cannot take a whole
+# device call; gpu_throughput.py writes each variant to OUT/throughput.json as it ends.
+# Measured on one H100 (2026-11-25): gpu_tests 156 s. Not measured there yet: the
+# others (estimates: throughput ~5 min a round, default_run ~5 min, cpu_suite ~3 min on
+# 12 workers). BUDGET (seconds) stops every step at that long after the command began: set
+# it a little under the device call's limit, so that the summary and the logs come back.
+# PYTHON picks the interpreter (default python3), WORKERS the suite's workers (default 8). On the lent GPU machine, run bench/device_prep.sh here first and
+# carry .device (bench/README.md, "On the lent GPU machine").
 set -uo pipefail
+began=$(date +%s)
 out=${1:?usage: bench/gpu_checks.sh OUT [STEP ...]}
 shift
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gpu_tests throughput default_run cpu_suite)
+[ ${#steps[@]} -gt 0 ] || steps=("cpu_suite&" gpu_tests wait throughput default_run)
 python=${PYTHON:-python3}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$repo"
 export PYTHONUNBUFFERED=1
+
+for step in "${steps[@]}"; do
+  case ${step%&} in
+    gpu_tests | throughput | default_run | cpu_suite | wait) ;;
+    *) echo "unknown step '$step': use gpu_tests, throughput, default_run, cpu_suite" \
+      "(each may end in &) or wait" >&2; exit 2 ;;
+  esac
+done
+
+# What bench/device_prep.sh packed (trainkit's wheels and the dependencies the GPU image
+# lacks), carried as .device: installed into a fresh folder put first on PYTHONPATH.
+if [ -d .device/wheels ]; then
+  site=${TRAINKIT_SITE:-/tmp/trainkit-site}
+  rm -rf "$site" && mkdir -p "$site"
+  { [ ! -f .device/site.tar.xz ] || xz -dc .device/site.tar.xz | tar -C "$site" -xf -; } &&
+    "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+      .device/wheels/*.whl > "$out/install.log" 2>&1 ||
+    { echo "installing .device failed: see $out/install.log" | tee -a "$out/summary.txt"; exit 1; }
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 {
   nvidia-smi -L
@@ -33,19 +65,38 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')
 } > "$out/env.txt" 2>&1
 
 run_step() {
-  local name=$1 start rc
-  start=$(date +%s)
+  local name=$1 start rc limit_var limit
+  limit_var=LIMIT_$name
   case $name in
-    gpu_tests) "$python" -m pytest -m gpu -v -p no:cacheprovider -rA tests ;;
-    throughput) "$python" bench/gpu_throughput.py --repeats "${REPEATS:-2}" \
-      --json "$out/throughput.json" ;;
-    default_run) (cd "$(mktemp -d)" && "$python" -m trainkit.cli train \
+    gpu_tests) limit=420 ;; throughput) limit=540 ;; default_run) limit=480 ;; *) limit=480 ;;
+  esac
+  limit=${!limit_var:-$limit}
+  start=$(date +%s)
+  if [ -n "${BUDGET:-}" ] && [ $(( began + BUDGET - start )) -lt "$limit" ]; then
+    limit=$(( began + BUDGET - start ))  # what is left of the whole command's budget
+  fi
+  if [ "$limit" -le 0 ]; then
+    echo "$name: not run (BUDGET spent)" | tee -a "$out/summary.txt"; return
+  fi
+  case $name in
+    gpu_tests) timeout -k 15 "$limit" "$python" -m pytest -m gpu -v -p no:cacheprovider -rA tests ;;
+    throughput) timeout -k 15 "$limit" "$python" bench/gpu_throughput.py \
+      --repeats "${REPEATS:-1}" --json "$out/throughput.json" ;;
+    default_run) (cd "$(mktemp -d)" && timeout -k 15 "$limit" "$python" -m trainkit.cli train \
       && cp runs/default/sample.txt "$out/sample.txt") ;;
-    cpu_suite) "$python" -m pytest -n "${WORKERS:-12}" -v -p no:cacheprovider -rfE tests ;;
-    *) echo "unknown step $name: use gpu_tests, throughput, default_run or cpu_suite"; false ;;
+    cpu_suite) timeout -k 15 "$limit" "$python" -m pytest -n "${WORKERS:-8}" -v \
+      -p no:cacheprovider -rfE tests ;;
   esac > "$out/$name.log" 2>&1
   rc=$?
-  echo "$name: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
+  echo "$name: exit $rc after $(( $(date +%s) - start )) s$([ $rc -eq 124 ] && echo \
+    " (stopped at its ${limit} s limit)")" | tee -a "$out/summary.txt"
 }
 
-for step in "${steps[@]}"; do run_step "$step"; done
+for step in "${steps[@]}"; do
+  case $step in
+    wait) wait ;;
+    *\&) run_step "${step%&}" & ;;
+    *) run_step "$step" ;;
+  esac
+done
+wait
