@@ -24,6 +24,7 @@ embedding counts once, as the output head). Peak memory is
     uv run python bench/gpu_throughput.py --seq 512 --batch 8 --variants eager,trainer
     uv run python bench/gpu_throughput.py --tiny                   # CPU smoke run (~2-3 min)
     uv run python bench/gpu_throughput.py --repeats 3 --variants eager,trainer
+    uv run python bench/gpu_throughput.py --report results.json    # the table of a --json file
 
 ``--repeats`` runs the variants in interleaved rounds and reports each one's median tokens/s
 (and the largest peak memory); each finished variant is printed, and written to ``--json``,
@@ -78,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeats", type=int, default=1, help="rounds over the variants (median reported)"
     )
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument(
+        "--report",
+        default=None,
+        metavar="JSON",
+        help="measure nothing: print the table and ratios of a --json file (a run cut short too)",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     preset = {"seq": 32, "batch": 4, "steps": 4, "warmup": 2} if args.tiny else {}
@@ -415,12 +422,32 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
+def report_file(path: str) -> int:
+    """The table of a --json file, from the variants it holds: a run stopped before its
+    end (a device call's time limit) still gives the ratios of the pairs it finished."""
+    with open(path) as file:
+        saved = json.load(file)
+    runs = {variant: rounds for variant, rounds in saved["runs"].items() if rounds}
+    if not runs:
+        print(f"{path}: no variant finished")
+        return 1
+    args = argparse.Namespace(**saved["args"])
+    args.repeats = max(len(rounds) for rounds in runs.values())
+    missing = [variant for variant in args.variants if variant not in runs]
+    if missing:
+        print(f"{path}: not measured: {', '.join(missing)}")
+    report(args, [combine(rounds) for rounds in runs.values()])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker:
         print(RESULT + json.dumps(run_worker(args)), flush=True)
         return 0
+    if args.report:
+        return report_file(args.report)
     runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in args.variants}
     # Rounds interleave the variants, so that a slow spell of a shared machine falls on all.
     for round_ in range(args.repeats):
