@@ -14,17 +14,20 @@
 #     wait         waits for the steps running in the background
 #   With no STEP: cpu_suite& gpu_tests wait throughput default_run.
 #
-# The CPU suite never touches the GPU, so it can run beside gpu_tests or default_run; the
-# GPU steps run one at a time (the out-of-memory test fills the GPU, and throughput is
-# timed). Each step is stopped after its limit (LIMIT_<step> seconds: gpu_tests 420,
-# throughput 540, default_run 480, cpu_suite 480), so one hung step cannot take a whole
-# device call; gpu_throughput.py writes each variant to OUT/throughput.json as it ends.
-# Measured on one H100 (2026-11-25): gpu_tests 156 s. Not measured there yet: the
-# others (estimates: throughput ~5 min a round, default_run ~5 min, cpu_suite ~3 min on
-# 12 workers). BUDGET (seconds) stops every step at that long after the command began: set
-# it a little under the device call's limit, so that the summary and the logs come back.
-# PYTHON picks the interpreter (default python3), WORKERS the suite's workers (default 8). On the lent GPU machine, run bench/device_prep.sh here first and
-# carry .device (bench/README.md, "On the lent GPU machine").
+# The CPU suite never touches the GPU, so it can run beside gpu_tests or default_run (each
+# pytest run gets a temporary folder of its own); the GPU steps run one at a time (the
+# out-of-memory test fills the GPU, and throughput is timed). Each step is stopped after
+# its limit (LIMIT_<step> seconds: gpu_tests 420, throughput 540, default_run 480,
+# cpu_suite 480), so one hung step cannot take a whole device call; gpu_throughput.py
+# writes each variant to OUT/throughput.json as it ends. BUDGET (seconds) stops every step
+# at that long after the command began: set it a little under the device call's limit, so
+# that the summary and the logs come back.
+#
+# Measured on one H100 (2026-11-25): gpu_tests 156 s. Not measured there yet: the others
+# (estimates: throughput ~5 min a round, default_run ~5 min, cpu_suite ~3 min on 12
+# workers). PYTHON picks the interpreter (default python3), WORKERS the suite's workers
+# (default 8). On the lent GPU machine, run bench/device_prep.sh here first and carry
+# .device (bench/README.md, "On the lent GPU machine").
 set -uo pipefail
 began=$(date +%s)
 out=${1:?usage: bench/gpu_checks.sh OUT [STEP ...]}
@@ -83,13 +86,14 @@ run_step() {
     echo "$name: not run (BUDGET spent)" | tee -a "$out/summary.txt"; return
   fi
   case $name in
-    gpu_tests) timeout -k 15 "$limit" "$python" -m pytest -m gpu -v -p no:cacheprovider -rA tests ;;
+    gpu_tests) timeout -k 15 "$limit" "$python" -m pytest -m gpu -v -p no:cacheprovider -rA \
+      --basetemp "$(mktemp -d)/gpu_tests" tests ;;
     throughput) timeout -k 15 "$limit" "$python" bench/gpu_throughput.py \
       --repeats "${REPEATS:-1}" --json "$out/throughput.json" ;;
     default_run) (cd "$(mktemp -d)" && timeout -k 15 "$limit" "$python" -m trainkit.cli train \
       && cp runs/default/sample.txt "$out/sample.txt") ;;
     cpu_suite) timeout -k 15 "$limit" "$python" -m pytest -n "${WORKERS:-8}" -v \
-      -p no:cacheprovider -rfE tests ;;
+      -p no:cacheprovider -rfE --basetemp "$(mktemp -d)/cpu_suite" tests ;;
   esac > "$out/$name.log" 2>&1
   rc=$?
   echo "$name: exit $rc after $(( $(date +%s) - start )) s$([ $rc -eq 124 ] && echo \
