@@ -6,6 +6,7 @@ import contextlib
 import faulthandler
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from multirank import fork_context
 from toy import blobs, loader, mlp
 from trainkit.checkpoint import Checkpointer, _write
+from trainkit.checkpoint._commit import TMP_PREFIX
 from trainkit.core import Callback, ParallelStrategy, Trainer, dist
 
 
@@ -66,13 +68,25 @@ def takes_over_the_dead_run():
     )
 
 
+def writes_into(stream: Any, name: str) -> bool:
+    """Whether a checkpoint writer's ``stream`` writes checkpoint ``name``: into its folder,
+    or into the hidden one it is written in before it is published (``.tmp-<name>-<token>``).
+
+    A part of the path is compared, not a substring: the token is random hex, so a test
+    looking for "ba7" anywhere in the path also found it in other saves' tokens.
+    """
+    return any(
+        part == name or part.startswith(f"{TMP_PREFIX}{name}-") for part in Path(stream.path).parts
+    )
+
+
 def abandon_while_writing(monkeypatch, checkpointer, name="ep0-ba4"):
     """Make ``checkpointer`` abandon the save of ``name`` while its shards are being written
     (as when a preemption's grace period runs out meanwhile)."""
     write = _write._DigestingStream.write
 
     def write_then_give_up(stream, data):
-        if name in str(stream.path):
+        if writes_into(stream, name):
             checkpointer.abandon("preempted")
         return write(stream, data)
 

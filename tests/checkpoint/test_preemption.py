@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from ckpt_runs import in_child_with_reply
+from ckpt_runs import in_child_with_reply, writes_into
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import Checkpointer, _write, list_checkpoints
 from trainkit.core import PREEMPTED_EXIT_CODE, Callback, Trainer, TrainingPreempted
@@ -112,7 +112,7 @@ def _signal_again_while_saving(sender, folder, batch):
     sent = []
 
     def write_and_signal(stream, data):
-        if f"ba{batch}" in str(stream.path) and not sent:
+        if writes_into(stream, _name(batch)) and not sent:
             sent.append(True)
             signal.raise_signal(signal.SIGTERM)  # mid-save: must change nothing
             signal.raise_signal(signal.SIGINT)
@@ -138,7 +138,7 @@ def _too_slow_to_save(sender, folder, batch, grace):
     write = _write._DigestingStream.write
 
     def write_until_abandoned(stream, data):
-        if f"ba{batch}" in str(stream.path):
+        if writes_into(stream, _name(batch)):
             # The save cannot finish: only the end of the grace period lets it go on.
             deadline = time.monotonic() + 60
             while not checkpointer._cancel.is_set() and time.monotonic() < deadline:
