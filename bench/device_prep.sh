@@ -3,18 +3,18 @@
 # network): trainkit's wheels, and the third-party distributions in bench/device_carry.txt
 # at uv.lock's versions, installed here for CPython 3.12 on x86-64 Linux and compressed.
 #
-#   bench/device_prep.sh [DIR]      (default .device, which git ignores)
+#   bench/device_prep.sh
 #
-# DIR then holds wheels/ (the seven packages and examples/third_party_algorithm) and
-# site.tar.xz. Carry DIR with the call (the device tool's `carry`); gpu_checks.sh unpacks
-# it into a fresh folder on PYTHONPATH. The packed dependencies are rebuilt only when
-# uv.lock or device_carry.txt changed (~2 min: xz); the wheels every time (~5 s).
-# A call carries at most 64 MiB with the working tree (~4 MiB): the script stops when DIR
-# is over 58 MiB.
+# .device/ (which git ignores) then holds wheels/ (the seven packages and
+# examples/third_party_algorithm) and site.tar.xz. Carry .device with the call (the device
+# tool's `carry`); gpu_checks.sh installs both into a fresh folder on PYTHONPATH. The
+# packed dependencies are rebuilt only when uv.lock, device_carry.txt or this script
+# changed (~1 min: xz); the wheels every time (~5 s). A call carries at most 64 MiB with
+# the working tree (~4 MiB): the script stops when .device is over 58 MiB.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
-dir=$(mkdir -p "${1:-.device}" && cd "${1:-.device}" && pwd)
+dir=$(mkdir -p .device && cd .device && pwd)
 limit_mib=58
 
 rm -rf "$dir/wheels"
@@ -22,9 +22,9 @@ uv build --quiet --all-packages --wheel -o "$dir/wheels"
 uv build --quiet --wheel -o "$dir/wheels" examples/third_party_algorithm
 ls "$dir/wheels"
 
-stamp=$(cat uv.lock bench/device_carry.txt | sha256sum | cut -c1-16)
+stamp=$(cat uv.lock bench/device_carry.txt bench/device_prep.sh | sha256sum | cut -c1-16)
 if [ -f "$dir/site.tar.xz" ] && [ "$(cat "$dir/site.stamp" 2>/dev/null)" = "$stamp" ]; then
-  echo "site.tar.xz is current (uv.lock and device_carry.txt unchanged)"
+  echo "site.tar.xz is current (uv.lock, device_carry.txt and this script unchanged)"
 else
   rm -f "$dir/site.tar.xz" "$dir/site.stamp"
   # Each carried name at the version uv.lock resolves for Python 3.12 on Linux.
@@ -74,6 +74,7 @@ EOF
   uv pip install --quiet --no-deps --no-compile --only-binary :all: --target "$site" \
     --python-version 3.12 --python-platform x86_64-manylinux_2_28 -r "$dir/carry.txt"
   echo "installed $(ls -d "$site"/*.dist-info | wc -l) distributions for 3.12; packing"
+  rm -rf "$site/bin"  # their commands would start this machine's interpreter, not that one's
   tar -C "$site" -cf - . | xz -T0 -6e > "$dir/site.tar.xz"
   rm -rf "$site" "$dir/locked.txt"
   echo "$stamp" > "$dir/site.stamp"
