@@ -249,3 +249,25 @@ def test_fsdp_rank_out_of_memory_at_the_start_of_backward_stops_the_others_befor
     assert [size for size, _ in ranks] == [2, 2]
     reference = train(None, 0, 1, optimizer="sgd", batches=BATCHES)
     assert_close({"fsdp": ranks[0][1]}, {"fsdp": reference}, 1e-5)
+
+
+def _reset_on_an_unknown_torch(rank, world):
+    # A torch whose FSDP2 has no reset_iter_state, and state laid out unlike torch 2.11's
+    # (changed here, in this forked rank only).
+    trainer = make_trainer(FSDP(), rank, world)
+    model = trainer.state.model
+    if hasattr(FSDPModule, "reset_iter_state"):
+        del FSDPModule.reset_iter_state
+    del model._get_fsdp_state()._state_ctx
+    try:
+        trainer.state.parallelism.reset_after_oom(model)
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def test_fsdp_that_cannot_be_reset_after_out_of_memory_says_what_to_do():
+    [message] = run_ranks(_reset_on_an_unknown_torch, 1)
+    assert message is not None
+    assert "reset_iter_state" in message
+    assert "upgrade torch, or set device_train_microbatch_size" in message

@@ -35,7 +35,7 @@ from trainkit.parallel._common import (
     sharded_precision,
 )
 from trainkit.parallel._mesh import ParallelDims
-from trainkit.parallel._oom import fsdp_checkpoints
+from trainkit.parallel._oom import fsdp_checkpoints, reset_fsdp_after_oom
 from trainkit.parallel._tensor_parallel import TensorParallel, apply_tensor_parallel
 from trainkit.parallel._wrap import apply_activation_checkpointing, apply_compile, find_blocks
 
@@ -208,10 +208,9 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         return _no_gradient_sync(model)
 
     def reset_after_oom(self, model: nn.Module) -> None:
-        """Release what the failed forward or backward left gathered (FSDP2's
-        ``reset_iter_state``, on torch versions that have it)."""
-        if isinstance(model, FSDPModule) and hasattr(model, "reset_iter_state"):
-            model.reset_iter_state()
+        """Forget the forward or backward that failed: every group resharded and idle,
+        nothing in flight, its gradients dropped (`reset_fsdp_after_oom`)."""
+        reset_fsdp_after_oom(model)
 
     def add_oom_checkpoints(
         self, model: nn.Module, checkpoint: Callable[[], None]

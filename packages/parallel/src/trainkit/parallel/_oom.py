@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["ddp_checkpoints", "fsdp_checkpoints", "reset_ddp_after_oom"]
+__all__ = ["ddp_checkpoints", "fsdp_checkpoints", "reset_ddp_after_oom", "reset_fsdp_after_oom"]
 
 _COMM_HOOK_ATTR = "_trainkit_oom_comm_hook"
 
@@ -119,6 +119,70 @@ def _outputs_checkpointed(checkpoint: Callable[[], None], root: bool) -> Callabl
             tensor.register_hook(before_backward)
 
     return hook
+
+
+def reset_fsdp_after_oom(model: nn.Module) -> None:
+    """Forget a forward or backward that an out-of-memory error interrupted, on the root
+    ``fully_shard``-ed module: every group resharded, nothing in flight, every state idle,
+    and the gradients of the failed attempt dropped. Without it the next forward finds the
+    interrupted iteration still running (its root pre-forward is skipped; on several ranks
+    the groups then disagree on their collectives and hang), and the next backward never
+    queues FSDP's end-of-backward callback (the root's gradients are not reduced).
+
+    FSDP2's own ``reset_iter_state`` does this on torch versions that have it. Older ones
+    (torch 2.11 among them) keep the same per-iteration state in the attributes reset
+    here, the recovery that ``reset_iter_state`` later made public.
+
+    Raises:
+        RuntimeError: this torch's FSDP2 has neither ``reset_iter_state`` nor the state
+            this function knows how to reset.
+    """
+    if not isinstance(model, FSDPModule):
+        return
+    if hasattr(model, "reset_iter_state"):
+        model.reset_iter_state()
+        return
+    state = model._get_fsdp_state()
+    context, comm = getattr(state, "_state_ctx", None), getattr(state, "_comm_ctx", None)
+    if context is None or comm is None or not hasattr(state, "_fsdp_param_group"):
+        raise RuntimeError(
+            f"torch {torch.__version__}'s FSDP2 has no reset_iter_state, and its state is "
+            "not what trainkit knows how to reset after an out-of-memory error: upgrade "
+            "torch, or set device_train_microbatch_size (device_eval_microbatch_size) to a "
+            "number instead of 'auto'"
+        )
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    states = context.all_states or [state]  # empty before the first forward
+    stream = state._device_handle.current_stream()
+    # Collectives in flight: waited for, then their buffers dropped.
+    for name in ("all_gather_state", "reduce_scatter_state"):
+        pending = getattr(comm, name, None)
+        if pending is not None and pending.event is not None:
+            stream.wait_event(pending.event)
+        setattr(comm, name, None)
+    comm.post_forward_order.clear()
+    for each in states:
+        each._training_state = TrainingState.IDLE
+        each._modules_to_run_forward.clear()
+        group = each._fsdp_param_group
+        if group is None:
+            continue
+        group.finalize_backward()  # waits for its reductions and gathers, drops them
+        if (event := group._reshard_after_forward_event) is not None:
+            stream.wait_event(event)
+            group._reshard_after_forward_event = None
+        group._partial_reduce_output = None
+        for param in group.fsdp_params:
+            param.sharded_param.grad = None
+            param.unsharded_accumulated_grad = None
+            unsharded = getattr(param, "_unsharded_param", None)
+            if unsharded is not None:
+                unsharded.grad = None
+        group._training_state = TrainingState.IDLE
+        group._to_sharded()
+    context.iter_forward_root = None
+    context.post_backward_final_callback_queued = False
 
 
 # --- DDP ------------------------------------------------------------------------------------
