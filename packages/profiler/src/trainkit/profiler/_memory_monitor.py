@@ -69,9 +69,13 @@ class MemoryMonitor(Callback, config=MemoryMonitorConfig):
 
     def measure(self, device: torch.device) -> dict[str, Any]:
         """The memory figures now, for ``device``."""
+        rss = self._process.memory_info().rss
+        # The kernel sums both from per-CPU counters it reads approximately, so the peak can
+        # come out a few MiB under the current size on many-core machines: a peak is never
+        # less than what is resident now.
         metrics: dict[str, Any] = {
-            "memory/rss_gib": self._process.memory_info().rss / _GIB,
-            "memory/peak_rss_gib": _peak_rss_bytes() / _GIB,
+            "memory/rss_gib": rss / _GIB,
+            "memory/peak_rss_gib": max(_peak_rss_bytes(), rss) / _GIB,
         }
         if device.type == "cuda":
             stats = torch.cuda.memory_stats(device)
