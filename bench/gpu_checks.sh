@@ -6,7 +6,8 @@
 #   bench/gpu_checks.sh OUT [STEP ...]
 #     gpu_tests    pytest -m gpu (bf16/fp16, real-OOM auto-microbatching, compile, fp8,
 #                  DDP/FSDP2 on NCCL, memory snapshots, the peak-memory target)
-#     throughput   bench/gpu_throughput.py --repeats $REPEATS (default 1), all variants
+#     throughput   bench/gpu_throughput.py --repeats $REPEATS (default 1), the variants in
+#                  $VARIANTS (default all), --trace $TRACE (default 0: no profile)
 #     default_run  `trainkit train` with its embedded defaults, in a fresh folder
 #     cpu_suite    the CPU suite on this machine (CUDA visible: tests/conftest.py hides it
 #                  from the CPU tests and their child processes)
@@ -23,9 +24,10 @@
 # at that long after the command began: set it a little under the device call's limit, so
 # that the summary and the logs come back.
 #
-# Measured on one H100 (2026-11-25): gpu_tests 156 s. Not measured there yet: the others
-# (estimates: throughput ~5 min a round, default_run ~5 min, cpu_suite ~3 min on 12
-# workers). PYTHON picks the interpreter (default python3), WORKERS the suite's workers
+# Measured on one H100 (2026-11-25): gpu_tests 156 s. On one H200 (2026-11-28), with
+# cpu_suite beside it (8 workers): gpu_tests 351 s, cpu_suite 441 s; throughput, a round
+# of all variants, ~3.5 min (compile ~1 min, each other ~20 s, all in fresh processes).
+# Not measured there yet: default_run (estimate ~5 min). PYTHON picks the interpreter (default python3), WORKERS the suite's workers
 # (default 8). On the lent GPU machine, run bench/device_prep.sh here first and carry
 # .device (bench/README.md, "On the lent GPU machine").
 set -uo pipefail
@@ -89,7 +91,8 @@ run_step() {
     gpu_tests) timeout -k 15 "$limit" "$python" -m pytest -m gpu -v -p no:cacheprovider -rA \
       --basetemp "$(mktemp -d)/gpu_tests" tests ;;
     throughput) timeout -k 15 "$limit" "$python" bench/gpu_throughput.py \
-      --repeats "${REPEATS:-1}" --json "$out/throughput.json" ;;
+      --repeats "${REPEATS:-1}" --trace "${TRACE:-0}" --json "$out/throughput.json" \
+      ${VARIANTS:+--variants "$VARIANTS"} ;;
     default_run) (cd "$(mktemp -d)" && timeout -k 15 "$limit" "$python" -m trainkit.cli train \
       && cp runs/default/sample.txt "$out/sample.txt") ;;
     cpu_suite) timeout -k 15 "$limit" "$python" -m pytest -n "${WORKERS:-8}" -v \

@@ -25,6 +25,14 @@ embedding counts once, as the output head). Peak memory is
     uv run python bench/gpu_throughput.py --tiny                   # CPU smoke run (~2-3 min)
     uv run python bench/gpu_throughput.py --repeats 3 --variants eager,trainer
     uv run python bench/gpu_throughput.py --report results.json    # the table of a --json file
+    uv run python bench/gpu_throughput.py --trace 5 --variants fsdp,trainer_fsdp
+
+``--trace N`` profiles N more steps of each variant after its timed steps (torch.profiler;
+the timed figures are not affected) and prints where a step's time goes: wall time,
+device busy time, kernels and host-device synchronisations per step, and, for each pair
+(trainer_fsdp against fsdp, ...), the kernels whose time per step differs most. A gap
+between a pair then shows as more device work (different kernels) or as an idle device
+(a host that waits, or falls behind).
 
 ``--repeats`` runs the variants in interleaved rounds and reports each one's median tokens/s
 (and the largest peak memory); each finished variant is printed, and written to ``--json``,
@@ -80,6 +88,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument(
+        "--trace",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile N more steps after the timed ones and compare where the time goes",
+    )
+    parser.add_argument(
         "--report",
         default=None,
         metavar="JSON",
@@ -98,6 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown variants {unknown}; choose from {VARIANTS}")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.trace < 0:
+        parser.error(f"--trace must be 0 (no profile) or a number of steps, got {args.trace}")
     return args
 
 
@@ -122,7 +139,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     generator = torch.Generator().manual_seed(0)
-    count = args.batch * (args.warmup + args.steps)
+    count = args.batch * (args.warmup + args.steps + args.trace)
     tokens = torch.randint(0, config.vocab_size, (count, args.seq), generator=generator)
     samples = [{"input_ids": row, "labels": row} for row in tokens]
     loader = DataLoader(samples, batch_size=args.batch, pin_memory=cuda)
@@ -135,28 +152,103 @@ def matmul_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters() if p is not position)
 
 
+Measured = tuple[float, float, Any, "dict[str, Any] | None"]  # seconds, loss, model, profile
+
+
 class Clock:
-    """Wall time from the end of step ``warmup`` to the end of the last step, synchronised."""
+    """Wall time from the end of step ``warmup`` to the end of step ``warmup + steps``,
+    synchronised; then, with ``trace``, a profile of that many more steps (`Trace`)."""
 
-    def __init__(self, device: Any, warmup: int):
-        self.device, self.warmup, self.steps, self.started, self.ended = device, warmup, 0, 0.0, 0.0
+    def __init__(self, device: Any, args: argparse.Namespace):
+        self.device, self.warmup, self.timed = device, args.warmup, args.warmup + args.steps
+        self.trace = Trace(device, args.trace) if args.trace else None
+        self.steps, self.started, self.ended = 0, 0.0, 0.0
 
-    def step_done(self) -> None:
-        import torch
-
-        self.steps += 1
-        if self.steps == self.warmup:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.started = time.perf_counter()
-
-    def stop(self) -> float:
+    def _now(self) -> float:
         import torch
 
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.ended = time.perf_counter()
+        return time.perf_counter()
+
+    def step_done(self) -> None:
+        self.steps += 1
+        if self.steps == self.warmup:
+            self.started = self._now()
+        if self.steps == self.timed:
+            self.ended = self._now()
+            if self.trace is not None:
+                self.trace.start()
+        elif self.trace is not None and self.steps == self.timed + self.trace.steps:
+            self.trace.stop()
+
+    def stop(self) -> float:
+        if not self.ended:  # fewer steps than timed: time what ran
+            self.ended = self._now()
         return self.ended - self.started
+
+    def profile(self) -> dict[str, Any] | None:
+        """The `Trace` summary, when steps were traced."""
+        return self.trace.summary if self.trace is not None else None
+
+
+class Trace:
+    """``steps`` steps under torch.profiler, summed up per step: wall time, device busy time
+    (kernels and copies), kernel launches, blocking synchronisations, the kernels' time."""
+
+    def __init__(self, device: Any, steps: int):
+        self.device, self.steps = device, steps
+        self.profiler: Any = None
+        self.summary: dict[str, Any] | None = None
+        self._started = 0.0
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self.profiler = profile(activities=activities)
+        self.profiler.__enter__()
+        self._started = time.perf_counter()
+
+    def stop(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - self._started
+        self.profiler.__exit__(None, None, None)
+        self.summary = summarise(self.profiler.key_averages(), wall, self.steps)
+
+
+def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
+    """Per-step figures from a profile's ``key_averages()`` (times in ms)."""
+    from torch.autograd import DeviceType
+
+    device_ms, launches, syncs, ops = 0.0, 0, 0, 0
+    kernels: dict[str, float] = {}
+    for event in averages:
+        key = event.key
+        if event.device_type == DeviceType.CUDA:  # a kernel, copy or memset on the device
+            own = event.self_device_time_total / 1e3
+            device_ms += own
+            kernels[key] = kernels.get(key, 0.0) + own / steps
+        elif key.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperative")):
+            launches += event.count
+        elif key.startswith("cuda") and ("Synchronize" in key or key == "cudaMemcpy"):
+            syncs += event.count  # the host waits for the device
+        elif key.startswith("aten::"):
+            ops += event.count
+    top = sorted(kernels.items(), key=lambda item: -item[1])[:40]
+    return {
+        "wall_ms": 1e3 * wall / steps,
+        "device_ms": device_ms / steps,
+        "launches": launches / steps,
+        "syncs": syncs / steps,
+        "aten_ops": ops / steps,
+        "kernels_ms": dict(top),
+    }
 
 
 def make_optimizer(model: Any, device: Any) -> Any:
@@ -177,7 +269,7 @@ def start_one_rank_group(device: Any) -> None:
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
 
 
-def hand_written(args: argparse.Namespace, variant: str) -> tuple[float, float, Any]:
+def hand_written(args: argparse.Namespace, variant: str) -> Measured:
     import contextlib
 
     import torch
@@ -197,8 +289,8 @@ def hand_written(args: argparse.Namespace, variant: str) -> tuple[float, float, 
     autocast = (
         torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
     )
-    clock = Clock(device, args.warmup)
-    loss = None
+    clock = Clock(device, args)
+    loss, timed_loss = None, float("nan")
     for batch in loader:
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with autocast:
@@ -207,20 +299,22 @@ def hand_written(args: argparse.Namespace, variant: str) -> tuple[float, float, 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         clock.step_done()
-    return clock.stop(), float(loss), model
+        if clock.steps == clock.timed:
+            timed_loss = float(loss)
+    return clock.stop(), timed_loss, model, clock.profile()
 
 
-def with_trainer(args: argparse.Namespace, variant: str) -> tuple[float, float, Any]:
+def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
     from trainkit.core import Callback, HuggingFaceModel, Trainer
 
     device, model, loader, dtype = build(args)
-    clock = Clock(device, args.warmup)
+    clock = Clock(device, args)
     losses: list[float] = []
 
     class Timing(Callback):
         def batch_end(self, state: Any, logger: Any) -> None:
             clock.step_done()
-            if clock.steps == args.warmup + args.steps:
+            if clock.steps == clock.timed:
                 losses.append(float(state.loss))
 
     options: dict[str, Any] = {}
@@ -236,7 +330,7 @@ def with_trainer(args: argparse.Namespace, variant: str) -> tuple[float, float, 
         model=HuggingFaceModel(model),
         optimizers=make_optimizer(model, device),
         train_dataloader=loader,
-        max_duration=f"{args.warmup + args.steps}ba",
+        max_duration=f"{args.warmup + args.steps + args.trace}ba",
         precision="amp_bf16" if dtype is not None else "fp32",
         device=device.type,
         callbacks=[Timing()],
@@ -246,17 +340,18 @@ def with_trainer(args: argparse.Namespace, variant: str) -> tuple[float, float, 
     )
     trainer.fit()
     seconds = clock.stop()
-    return seconds, losses[-1], model
+    return seconds, losses[-1], model, clock.profile()
 
 
-def with_lightning(args: argparse.Namespace, variant: str) -> tuple[float, float, Any]:
+def with_lightning(args: argparse.Namespace, variant: str) -> Measured:
     try:
         import lightning as L
     except ImportError:
         import pytorch_lightning as L
 
     device, model, loader, dtype = build(args)
-    clock = Clock(device, args.warmup)
+    clock = Clock(device, args)
+    losses: list[float] = []
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -275,12 +370,14 @@ def with_lightning(args: argparse.Namespace, variant: str) -> tuple[float, float
     class Timing(L.Callback):
         def on_train_batch_end(self, *unused: Any) -> None:
             clock.step_done()
+            if clock.steps == clock.timed:
+                losses.append(float(module.last))
 
     module = Module()
     trainer = L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=1,
-        max_steps=args.warmup + args.steps,
+        max_steps=args.warmup + args.steps + args.trace,
         precision="bf16-mixed" if dtype is not None else "32-true",
         logger=False,
         enable_checkpointing=False,
@@ -289,7 +386,7 @@ def with_lightning(args: argparse.Namespace, variant: str) -> tuple[float, float
         callbacks=[Timing()],
     )
     trainer.fit(module, loader)
-    return clock.stop(), float(module.last), model
+    return clock.stop(), losses[-1], model, clock.profile()
 
 
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -302,11 +399,11 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     if variant == "lightning":
-        seconds, loss, model = with_lightning(args, variant)
+        seconds, loss, model, profile = with_lightning(args, variant)
     elif variant.startswith("trainer"):
-        seconds, loss, model = with_trainer(args, variant)
+        seconds, loss, model, profile = with_trainer(args, variant)
     else:
-        seconds, loss, model = hand_written(args, variant)
+        seconds, loss, model, profile = hand_written(args, variant)
     result = {
         "variant": variant,
         "tokens_per_s": args.batch * args.seq * args.steps / seconds,
@@ -315,6 +412,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         "params": matmul_parameters(model),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
     }
+    if profile is not None:
+        result["profile"] = profile
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return result
@@ -345,6 +444,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--tiny")
     if args.precision:
         argv += ["--precision", args.precision]
+    if args.trace:
+        argv += ["--trace", str(args.trace)]
     return argv
 
 
@@ -403,11 +504,40 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
     if "lightning" in ok and "eager" in ok:
         speed = ok["lightning"]["tokens_per_s"] / ok["eager"]["tokens_per_s"]
         print(f"lightning/eager: tokens/s {speed:.3f} (for reference)")
+    report_profiles(ok)
     verdict = "all targets met" if not missed else "missed: " + ", ".join(missed)
     if device == "cpu":
         verdict += " (CPU: a smoke run, not the GPU targets)"
     print(f"summary: {'; '.join(figures) or 'no pairs measured'}; {verdict}")
     return missed
+
+
+def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8) -> None:
+    """The --trace figures per step, then for each pair the kernels whose time differs most."""
+    profiled = {variant: r["profile"] for variant, r in ok.items() if "profile" in r}
+    if not profiled:
+        return
+    print(f"per traced step (first round): {'wall ms':>8s} {'device ms':>9s} {'busy':>6s} "
+          f"{'launches':>8s} {'syncs':>6s} {'aten ops':>8s}")  # fmt: skip
+    for variant, p in profiled.items():
+        busy = f"{p['device_ms'] / p['wall_ms']:6.1%}" if p["device_ms"] else "   n/a"
+        print(
+            f"  {variant:28s} {p['wall_ms']:8.2f} {p['device_ms']:9.2f} {busy} "
+            f"{p['launches']:8.0f} {p['syncs']:6.1f} {p['aten_ops']:8.0f}"
+        )
+    for variant, baseline in BASELINE.items():
+        if variant not in profiled or baseline not in profiled:
+            continue
+        mine, theirs = profiled[variant]["kernels_ms"], profiled[baseline]["kernels_ms"]
+        differences = sorted(
+            ((mine.get(k, 0.0) - theirs.get(k, 0.0), k) for k in set(mine) | set(theirs)),
+            key=lambda item: -abs(item[0]),
+        )[:kernels]
+        if not any(abs(d) > 0 for d, _ in differences):
+            continue
+        print(f"  {variant} - {baseline}, device ms per step, largest differences:")
+        for difference, name in differences:
+            print(f"    {difference:+8.3f}  {name[:100]}")
 
 
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -186,3 +186,19 @@ def test_trainer_peak_memory_is_within_one_percent_of_the_hand_written_loop(tmp_
     eager, trainer = results["eager"]["peak_bytes"], results["trainer"]["peak_bytes"]
     assert trainer <= 1.01 * eager, table
     assert math.isfinite(results["trainer"]["loss"])
+
+
+def test_bench_trace_on_cuda_counts_kernels_launches_and_device_time(tmp_path):
+    results, table = run_bench(
+        tmp_path, "--seq", "128", "--batch", "4", "--steps", "2", "--warmup", "2",
+        "--trace", "2", "--variants", "eager,trainer",
+    )  # fmt: skip
+    for result in results.values():
+        profile = result["profile"]
+        assert 0 < profile["device_ms"] <= 1.05 * profile["wall_ms"], table
+        assert profile["launches"] > 50 and profile["kernels_ms"], table
+        assert (
+            abs(sum(profile["kernels_ms"].values()) - profile["device_ms"])
+            < 0.5 * profile["device_ms"]
+        )
+    assert "trainer - eager, device ms per step" in table
