@@ -27,9 +27,10 @@
 # Measured on one H100 (2026-11-25): gpu_tests 156 s. On one H200 (2026-11-28), with
 # cpu_suite beside it (8 workers): gpu_tests 351 s, cpu_suite 441 s; throughput, a round
 # of all variants, ~3.5 min (compile ~1 min, each other ~20 s, all in fresh processes).
-# Not measured there yet: default_run (estimate ~5 min). PYTHON picks the interpreter (default python3), WORKERS the suite's workers
-# (default 8). On the lent GPU machine, run bench/device_prep.sh here first and carry
-# .device (bench/README.md, "On the lent GPU machine").
+# Not measured there yet: default_run (estimate ~5 min). PYTHON picks the interpreter
+# (default python3), WORKERS the suite's workers (default 8). On the lent GPU machine, run
+# bench/device_prep.sh here first and carry .device (bench/README.md, "On the lent GPU
+# machine").
 set -uo pipefail
 began=$(date +%s)
 out=${1:?usage: bench/gpu_checks.sh OUT [STEP ...]}
