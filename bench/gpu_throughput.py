@@ -30,9 +30,10 @@ embedding counts once, as the output head). Peak memory is
 ``--trace N`` profiles N more steps of each variant after its timed steps (torch.profiler;
 the timed figures are not affected) and prints where a step's time goes: wall time,
 device busy time, kernels and host-device synchronisations per step, and, for each pair
-(trainer_fsdp against fsdp, ...), the kernels whose time per step differs most. A gap
-between a pair then shows as more device work (different kernels) or as an idle device
-(a host that waits, or falls behind).
+(trainer_fsdp against fsdp, ...), the kernels whose time per step differs most and the aten
+operators whose count per step differs. A gap between a pair then shows as more device
+work (different kernels) or as an idle device: the idle time per step and the largest idle
+gaps, each named by the kernel that ended it (a host that waited, or fell behind, there).
 
 ``--repeats`` runs the variants in interleaved rounds and reports each one's median tokens/s
 (and the largest peak memory); each finished variant is printed, and written to ``--json``,
@@ -214,12 +215,38 @@ class Trace:
 
     def stop(self) -> None:
         import torch
+        from torch.autograd import DeviceType
 
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         wall = time.perf_counter() - self._started
         self.profiler.__exit__(None, None, None)
         self.summary = summarise(self.profiler.key_averages(), wall, self.steps)
+        device_work = [
+            (event.time_range.start, event.time_range.end, event.name)
+            for event in self.profiler.events()
+            if event.device_type == DeviceType.CUDA
+        ]
+        idle_us, gaps = idle_gaps(device_work)
+        self.summary["idle_ms"] = idle_us / 1e3 / self.steps
+        self.summary["largest_gaps"] = [(us / 1e3, after) for us, after in gaps]
+
+
+def idle_gaps(
+    work: list[tuple[float, float, str]], largest: int = 5
+) -> tuple[float, list[tuple[float, str]]]:
+    """The time the device sat idle between the first and the last of ``work`` (start, end,
+    name: kernels and copies on any stream, in µs), and the ``largest`` idle gaps, each with
+    the work that ended it: a gap before the first kernel of a step is a host that waited
+    (a sync) or fell behind there."""
+    idle, gaps, busy_until = 0.0, [], None
+    for start, end, name in sorted(work):
+        if busy_until is not None and start > busy_until:
+            idle += start - busy_until
+            gaps.append((start - busy_until, name))
+        busy_until = end if busy_until is None else max(busy_until, end)
+    gaps.sort(key=lambda gap: -gap[0])
+    return idle, gaps[:largest]
 
 
 def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
@@ -228,6 +255,7 @@ def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
 
     device_ms, launches, syncs, ops = 0.0, 0, 0, 0
     kernels: dict[str, float] = {}
+    op_counts: dict[str, float] = {}
     for event in averages:
         key = event.key
         if event.device_type == DeviceType.CUDA:  # a kernel, copy or memset on the device
@@ -240,6 +268,7 @@ def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
             syncs += event.count  # the host waits for the device
         elif key.startswith("aten::"):
             ops += event.count
+            op_counts[key] = event.count / steps
     top = sorted(kernels.items(), key=lambda item: -item[1])[:40]
     return {
         "wall_ms": 1e3 * wall / steps,
@@ -248,6 +277,7 @@ def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
         "syncs": syncs / steps,
         "aten_ops": ops / steps,
         "kernels_ms": dict(top),
+        "aten_counts": op_counts,
     }
 
 
@@ -512,19 +542,25 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
     return missed
 
 
-def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8) -> None:
-    """The --trace figures per step, then for each pair the kernels whose time differs most."""
+def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8, ops: int = 16) -> None:
+    """The --trace figures per step, then for each pair the kernels whose time differs most
+    and the aten operators whose count per step differs (on CPU too: the host-side work)."""
     profiled = {variant: r["profile"] for variant, r in ok.items() if "profile" in r}
     if not profiled:
         return
     print(f"per traced step (first round): {'wall ms':>8s} {'device ms':>9s} {'busy':>6s} "
-          f"{'launches':>8s} {'syncs':>6s} {'aten ops':>8s}")  # fmt: skip
+          f"{'idle ms':>7s} {'launches':>8s} {'syncs':>6s} {'aten ops':>8s}")  # fmt: skip
     for variant, p in profiled.items():
         busy = f"{p['device_ms'] / p['wall_ms']:6.1%}" if p["device_ms"] else "   n/a"
+        idle = f"{p['idle_ms']:7.2f}" if p["device_ms"] else "    n/a"
         print(
-            f"  {variant:28s} {p['wall_ms']:8.2f} {p['device_ms']:9.2f} {busy} "
+            f"  {variant:28s} {p['wall_ms']:8.2f} {p['device_ms']:9.2f} {busy} {idle} "
             f"{p['launches']:8.0f} {p['syncs']:6.1f} {p['aten_ops']:8.0f}"
         )
+    for variant, p in profiled.items():
+        if p.get("largest_gaps"):
+            gaps = ", ".join(f"{ms:.2f} ms before {name[:60]}" for ms, name in p["largest_gaps"])
+            print(f"  {variant}: largest idle gaps (all traced steps): {gaps}")
     for variant, baseline in BASELINE.items():
         if variant not in profiled or baseline not in profiled:
             continue
@@ -533,11 +569,23 @@ def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8) -> None:
             ((mine.get(k, 0.0) - theirs.get(k, 0.0), k) for k in set(mine) | set(theirs)),
             key=lambda item: -abs(item[0]),
         )[:kernels]
-        if not any(abs(d) > 0 for d, _ in differences):
-            continue
-        print(f"  {variant} - {baseline}, device ms per step, largest differences:")
-        for difference, name in differences:
-            print(f"    {difference:+8.3f}  {name[:100]}")
+        if any(abs(d) > 0 for d, _ in differences):
+            print(f"  {variant} - {baseline}, device ms per step, largest differences:")
+            for difference, name in differences:
+                print(f"    {difference:+8.3f}  {name[:100]}")
+        counts, base_counts = profiled[variant]["aten_counts"], profiled[baseline]["aten_counts"]
+        extra = sorted(
+            (
+                (counts.get(k, 0.0) - base_counts.get(k, 0.0), k)
+                for k in set(counts) | set(base_counts)
+            ),
+            key=lambda item: (-abs(item[0]), item[1]),
+        )
+        extra = [(d, k) for d, k in extra if abs(d) >= 0.5][:ops]
+        if extra:
+            print(f"  {variant} - {baseline}, aten ops per step, largest differences:")
+            for difference, name in extra:
+                print(f"    {difference:+8.1f}  {name}")
 
 
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -201,4 +201,7 @@ def test_bench_trace_on_cuda_counts_kernels_launches_and_device_time(tmp_path):
             abs(sum(profile["kernels_ms"].values()) - profile["device_ms"])
             < 0.5 * profile["device_ms"]
         )
+        assert 0 <= profile["idle_ms"] < profile["wall_ms"], table
+        assert all(ms > 0 and name for ms, name in profile["largest_gaps"]), table
     assert "trainer - eager, device ms per step" in table
+    assert "trainer - eager, aten ops per step" in table

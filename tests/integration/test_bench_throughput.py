@@ -1,12 +1,35 @@
 """bench/gpu_throughput.py on CPU: the figures it compares, and --trace's profile of the
 steps after the timed ones (the GPU figures: tests/core/test_gpu_training.py)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_throughput.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("gpu_throughput", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_idle_gaps_are_the_device_time_no_stream_was_busy():
+    idle_gaps = load_bench().idle_gaps
+    assert idle_gaps([]) == (0.0, [])
+    # Two streams overlap (0-10 and 5-12): one busy stretch; then idle 12-20 before
+    # "embedding", 25-26 before "adam", and nothing between touching kernels.
+    work = [
+        (20.0, 25.0, "embedding"), (0.0, 10.0, "gemm"), (5.0, 12.0, "nccl"),
+        (26.0, 30.0, "adam"), (30.0, 31.0, "copy"),
+    ]  # fmt: skip
+    idle, gaps = idle_gaps(work)
+    assert idle == 9.0
+    assert gaps == [(8.0, "embedding"), (1.0, "adam")]
+    assert idle_gaps(work, largest=1)[1] == [(8.0, "embedding")]
 
 
 def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
@@ -26,7 +49,15 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
         assert profile["wall_ms"] > 0
         assert profile["aten_ops"] > 10  # a GPT-2 step runs hundreds
         assert profile["device_ms"] == 0 and profile["kernels_ms"] == {}
+        assert profile["idle_ms"] == 0 and profile["largest_gaps"] == []
+        assert sum(profile["aten_counts"].values()) == profile["aten_ops"]
     assert "per traced step" in done.stdout
+    # Per pair, the operators each step runs more or less often: the Trainer hands
+    # transformers the label-token count, clamped to >= 1 (HuggingFaceModel.forward).
+    counts = {v: results[v]["profile"]["aten_counts"] for v in ("eager", "trainer")}
+    assert counts["trainer"]["aten::clamp"] - counts["eager"].get("aten::clamp", 0) == 1
+    report = done.stdout.split("trainer - eager, aten ops per step")[1]
+    assert "+1.0  aten::clamp" in report
     # Tracing adds steps after the timed ones; the loss reported is the last timed step's
     # in every variant, as without --trace.
     again = subprocess.run(
