@@ -552,7 +552,7 @@ def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8, ops: int = 
           f"{'idle ms':>7s} {'launches':>8s} {'syncs':>6s} {'aten ops':>8s}")  # fmt: skip
     for variant, p in profiled.items():
         busy = f"{p['device_ms'] / p['wall_ms']:6.1%}" if p["device_ms"] else "   n/a"
-        idle = f"{p['idle_ms']:7.2f}" if p["device_ms"] else "    n/a"
+        idle = f"{p['idle_ms']:7.2f}" if p["device_ms"] and "idle_ms" in p else "    n/a"
         print(
             f"  {variant:28s} {p['wall_ms']:8.2f} {p['device_ms']:9.2f} {busy} {idle} "
             f"{p['launches']:8.0f} {p['syncs']:6.1f} {p['aten_ops']:8.0f}"
@@ -564,28 +564,35 @@ def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8, ops: int = 
     for variant, baseline in BASELINE.items():
         if variant not in profiled or baseline not in profiled:
             continue
-        mine, theirs = profiled[variant]["kernels_ms"], profiled[baseline]["kernels_ms"]
-        differences = sorted(
-            ((mine.get(k, 0.0) - theirs.get(k, 0.0), k) for k in set(mine) | set(theirs)),
-            key=lambda item: -abs(item[0]),
-        )[:kernels]
-        if any(abs(d) > 0 for d, _ in differences):
-            print(f"  {variant} - {baseline}, device ms per step, largest differences:")
-            for difference, name in differences:
-                print(f"    {difference:+8.3f}  {name[:100]}")
-        counts, base_counts = profiled[variant]["aten_counts"], profiled[baseline]["aten_counts"]
-        extra = sorted(
-            (
-                (counts.get(k, 0.0) - base_counts.get(k, 0.0), k)
-                for k in set(counts) | set(base_counts)
-            ),
-            key=lambda item: (-abs(item[0]), item[1]),
+        kernel_ms = largest_differences(
+            profiled[variant]["kernels_ms"], profiled[baseline]["kernels_ms"], kernels, 0.0
         )
-        extra = [(d, k) for d, k in extra if abs(d) >= 0.5][:ops]
-        if extra:
+        if kernel_ms:
+            print(f"  {variant} - {baseline}, device ms per step, largest differences:")
+            for difference, name in kernel_ms:
+                print(f"    {difference:+8.3f}  {name[:100]}")
+        op_counts = largest_differences(  # files from before --trace counted operators lack them
+            profiled[variant].get("aten_counts", {}),
+            profiled[baseline].get("aten_counts", {}),
+            ops,
+            0.5,
+        )
+        if op_counts:
             print(f"  {variant} - {baseline}, aten ops per step, largest differences:")
-            for difference, name in extra:
+            for difference, name in op_counts:
                 print(f"    {difference:+8.1f}  {name}")
+
+
+def largest_differences(
+    mine: dict[str, float], theirs: dict[str, float], limit: int, at_least: float
+) -> list[tuple[float, str]]:
+    """``mine - theirs`` per key (a missing key counts 0), the ``limit`` largest in size that
+    exceed ``at_least``; ties in name order."""
+    differences = sorted(
+        ((mine.get(k, 0.0) - theirs.get(k, 0.0), k) for k in set(mine) | set(theirs)),
+        key=lambda item: (-abs(item[0]), item[1]),
+    )
+    return [(d, k) for d, k in differences if abs(d) > at_least][:limit]
 
 
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
