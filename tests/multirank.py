@@ -89,7 +89,9 @@ def fork_context() -> Any:
 def process_env(**extra: str) -> dict[str, str]:
     """The environment of a fresh interpreter that a test starts (`trainkit launch`, an
     example script): gloo on the loopback interface, one thread per process, CUDA hidden (so
-    these tests train on CPU, GPU or not) and a plain PATH; then this process's PYTHONPATH,
+    these tests train on CPU, GPU or not), a plain PATH, and Python's fault handler (a child
+    that dies of a fatal signal, e.g. a C++ ``std::terminate``, prints every thread's Python
+    stack to its stderr, which the failing test shows); then this process's PYTHONPATH,
     where it has one (trainkit installed with ``pip install --target``, as bench/gpu_checks.sh
     does on the GPU machine), and ``extra``."""
     env = {
@@ -97,6 +99,7 @@ def process_env(**extra: str) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "PATH": "/usr/bin:/bin",
         "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONFAULTHANDLER": "1",
     }
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
