@@ -16,6 +16,7 @@ from trainkit.core._engine import Engine
 from trainkit.core._eval import evaluate, predict
 from trainkit.core._event import Event
 from trainkit.core._fit_guard import FitGuard
+from trainkit.core._gc import frozen_heap
 from trainkit.core._interval import IntervalTrigger, interval_trigger
 from trainkit.core._logger import Logger
 from trainkit.core._loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
@@ -138,6 +139,7 @@ class Trainer(Configurable, config=TrainerConfig):
             config.preemption_grace_period,
             config.on_nonfinite_loss,
         )
+        self._gc_freeze = device.type != "cpu" if config.gc_freeze is None else config.gc_freeze
         self._last_eval_batch: dict[str, int] = {}
         self.last_eval: dict[str, Any] = {}
         """Metrics of the most recent evaluation (during fit or by `eval`)."""
@@ -216,12 +218,13 @@ class Trainer(Configurable, config=TrainerConfig):
         with guard.running(state, self.engine):  # preemption, non-finite loss, FIT_ABORTED
             self.engine.run_event(Event.FIT_START)
             self.engine.run_event(Event.ITERATION_START)
-            state.wall_mark = time.perf_counter()  # batches count from here, between fits not
-            try:
-                while not state.is_done() and not state.stop_requested:
-                    self._train_epoch()
-            finally:
-                state.wall_mark = None
+            with frozen_heap(self._gc_freeze):
+                state.wall_mark = time.perf_counter()  # batches count from here, not between fits
+                try:
+                    while not state.is_done() and not state.stop_requested:
+                        self._train_epoch()
+                finally:
+                    state.wall_mark = None
             guard.finish(state)
             if state.is_done():
                 self.engine.run_event(Event.ITERATION_END)

@@ -1,0 +1,103 @@
+"""``gc_freeze``: garbage collected once before the first batch, the heap frozen during the
+fit (so collections during training skip the objects made before it), unfrozen after."""
+
+import gc
+import weakref
+
+import pytest
+
+from toy import blobs, loader, mlp
+from trainkit.core import Callback, Trainer
+
+
+class Cycle:
+    """Garbage only the cycle collector can free (it refers to itself)."""
+
+    def __init__(self):
+        self.me = self
+
+
+class HeapWatch(Callback):
+    """What the garbage collector looks like at each batch."""
+
+    def __init__(self, watched=None, fail_at=None):
+        self.watched = watched
+        self.fail_at = fail_at
+        self.freeze_counts: list[int] = []
+        self.watched_scanned: list[bool] = []
+
+    def batch_end(self, state, logger):
+        self.freeze_counts.append(gc.get_freeze_count())
+        if self.watched is not None:
+            # gc.get_objects() lists what collections scan: not the frozen objects.
+            self.watched_scanned.append(any(o is self.watched for o in gc.get_objects()))
+        if self.fail_at == state.timestamp.batch:
+            raise RuntimeError("stop here")
+
+
+def fit(watch, **options):
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(64), 16),
+        max_duration="2ep",
+        device="cpu",
+        progress_bar=False,
+        seed=0,
+        callbacks=[watch],
+        **options,
+    )
+    trainer.fit()
+    return trainer
+
+
+@pytest.fixture(autouse=True)
+def nothing_frozen():
+    assert gc.get_freeze_count() == 0, "a test before this one left objects frozen"
+    yield
+    gc.unfreeze()
+
+
+def test_the_heap_is_collected_then_frozen_for_the_fit_and_unfrozen_after():
+    garbage = Cycle()
+    collected = weakref.ref(garbage)
+    del garbage
+    kept = Cycle()  # alive through the fit: frozen, not scanned by collections during it
+    watch = HeapWatch(watched=kept)
+    fit(watch, gc_freeze=True)
+    assert collected() is None  # the collection before the first batch freed it
+    assert len(watch.freeze_counts) == 8
+    assert all(count > 1000 for count in watch.freeze_counts)  # every module, the model...
+    assert watch.watched_scanned == [False] * 8
+    assert gc.get_freeze_count() == 0
+    assert any(o is kept for o in gc.get_objects())
+
+
+def test_a_failing_fit_unfreezes_the_heap():
+    watch = HeapWatch(fail_at=3)
+    with pytest.raises(Exception, match="stop here"):
+        fit(watch, gc_freeze=True)
+    assert watch.freeze_counts[-1] > 1000
+    assert gc.get_freeze_count() == 0
+
+
+def test_default_on_cpu_and_false_leave_the_collector_alone():
+    for options in ({}, {"gc_freeze": False}):
+        kept = Cycle()
+        watch = HeapWatch(watched=kept)
+        fit(watch, **options)
+        assert watch.freeze_counts == [0] * 8
+        assert watch.watched_scanned == [True] * 8
+
+
+def test_a_heap_the_program_froze_is_left_as_it_is():
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    made_after = Cycle()
+    watch = HeapWatch(watched=made_after)
+    fit(watch, gc_freeze=True)
+    # The program manages the heap: nothing more frozen (frozen objects that die leave
+    # the count), nothing unfrozen after.
+    assert len(watch.freeze_counts) == 8
+    assert all(frozen // 2 < count <= frozen for count in watch.freeze_counts)
+    assert watch.watched_scanned == [True] * 8
+    assert frozen // 2 < gc.get_freeze_count() <= frozen
