@@ -7,7 +7,8 @@
 #     gpu_tests    pytest -m gpu (bf16/fp16, real-OOM auto-microbatching, compile, fp8,
 #                  DDP/FSDP2 on NCCL, memory snapshots, the peak-memory target)
 #     throughput   bench/gpu_throughput.py --repeats $REPEATS (default 1), the variants in
-#                  $VARIANTS (default all), --trace $TRACE (default 0: no profile)
+#                  $VARIANTS (default all), --trace $TRACE (default 0: no profile), and
+#                  --phases when $PHASES is set
 #     default_run  `trainkit train` with its embedded defaults, in a fresh folder
 #     cpu_suite    the CPU suite on this machine (CUDA visible: tests/conftest.py hides it
 #                  from the CPU tests and their child processes)
@@ -18,7 +19,7 @@
 # The CPU suite never touches the GPU, so it can run beside gpu_tests or default_run (each
 # pytest run gets a temporary folder of its own); the GPU steps run one at a time (the
 # out-of-memory test fills the GPU, and throughput is timed). Each step is stopped after
-# its limit (LIMIT_<step> seconds: gpu_tests 420, throughput 540, default_run 480,
+# its limit (LIMIT_<step> seconds: gpu_tests 540, throughput 540, default_run 480,
 # cpu_suite 480), so one hung step cannot take a whole device call; gpu_throughput.py
 # writes each variant to OUT/throughput.json as it ends. BUDGET (seconds) stops every step
 # at that long after the command began: set it a little under the device call's limit, so
@@ -27,6 +28,7 @@
 # Measured on one H100 (2026-11-25): gpu_tests 156 s. On one H200 (2026-11-28), with
 # cpu_suite beside it (8 workers): gpu_tests 351 s, cpu_suite 441 s; throughput, a round
 # of all variants, ~3.5 min (compile ~1 min, each other ~20 s, all in fresh processes).
+# Again there, 12 workers: cpu_suite 410 s, gpu_tests beside it 419 s (one more test).
 # Not measured there yet: default_run (estimate ~5 min). PYTHON picks the interpreter
 # (default python3), WORKERS the suite's workers (default 8). On the lent GPU machine, run
 # bench/device_prep.sh here first and carry .device (bench/README.md, "On the lent GPU
@@ -78,7 +80,7 @@ run_step() {
   local name=$1 start rc limit_var limit
   limit_var=LIMIT_$name
   case $name in
-    gpu_tests) limit=420 ;; throughput) limit=540 ;; default_run) limit=480 ;; *) limit=480 ;;
+    gpu_tests) limit=540 ;; throughput) limit=540 ;; default_run) limit=480 ;; *) limit=480 ;;
   esac
   limit=${!limit_var:-$limit}
   start=$(date +%s)
@@ -93,7 +95,7 @@ run_step() {
       --basetemp "$(mktemp -d)/gpu_tests" tests ;;
     throughput) timeout -k 15 "$limit" "$python" bench/gpu_throughput.py \
       --repeats "${REPEATS:-1}" --trace "${TRACE:-0}" --json "$out/throughput.json" \
-      ${VARIANTS:+--variants "$VARIANTS"} ;;
+      ${VARIANTS:+--variants "$VARIANTS"} ${PHASES:+--phases} ;;
     default_run) (cd "$(mktemp -d)" && timeout -k 15 "$limit" "$python" -m trainkit.cli train \
       && cp runs/default/sample.txt "$out/sample.txt") ;;
     cpu_suite) timeout -k 15 "$limit" "$python" -m pytest -n "${WORKERS:-8}" -v \

@@ -13,8 +13,8 @@ tokens, with the same batch, sequence length, precision (bf16 autocast on CUDA) 
     trainer_fsdp     Trainer(parallelism=FSDP()) on the same one-rank group
     lightning        Lightning (lightning or pytorch_lightning), when importable
 
-Timing starts after ``--warmup`` steps (compilation included there) and covers ``--steps``
-steps, synchronised on the device at both ends. MFU is ``6 * N * tokens/s`` over the
+Timing starts after ``--warmup`` steps (compilation included there) and a full garbage
+collection, and covers ``--steps`` steps, synchronised on the device at both ends. MFU is ``6 * N * tokens/s`` over the
 device's dense bf16 peak (a table for H100/H200/A100, or ``--peak-tflops``), with N the
 parameters that do matmuls per token (all but the position embeddings; the tied
 embedding counts once, as the output head). Peak memory is
@@ -35,6 +35,13 @@ operators whose count per step differs. A gap between a pair then shows as more 
 work (different kernels) or as an idle device: the idle time per step and the largest idle
 gaps, each named by the kernel that ended it (a host that waited, or fell behind, there).
 
+``--phases`` splits each timed step in four, from CUDA events recorded on the current stream
+at the step's points (and the host's clock at the same points): before the forward (data,
+zero_grad, the Trainer's own work), forward and loss, backward, and the optimizer step; with
+the time the garbage collector took. Device time per phase that differs between a pair,
+with the same kernels, is idle time in that phase. It records 4 events per timed step
+(microseconds against a step of ~100 ms).
+
 ``--repeats`` runs the variants in interleaved rounds and reports each one's median tokens/s
 (and the largest peak memory); each finished variant is printed, and written to ``--json``,
 as it ends, so a run cut short keeps what it measured.
@@ -46,6 +53,7 @@ hand, and peak memory <= the hand-written loop's + 1%.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -94,6 +102,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         metavar="N",
         help="profile N more steps after the timed ones and compare where the time goes",
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="time each timed step's phases (CUDA events) and the garbage collector",
     )
     parser.add_argument(
         "--report",
@@ -153,7 +166,8 @@ def matmul_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters() if p is not position)
 
 
-Measured = tuple[float, float, Any, "dict[str, Any] | None"]  # seconds, loss, model, profile
+# seconds, loss, model, the --trace profile, the --phases times
+Measured = tuple[float, float, Any, "dict[str, Any] | None", "dict[str, Any] | None"]
 
 
 class Clock:
@@ -163,7 +177,13 @@ class Clock:
     def __init__(self, device: Any, args: argparse.Namespace):
         self.device, self.warmup, self.timed = device, args.warmup, args.warmup + args.steps
         self.trace = Trace(device, args.trace) if args.trace else None
+        self.phases = Phases(device) if getattr(args, "phases", False) else None
         self.steps, self.started, self.ended = 0, 0.0, 0.0
+
+    def mark(self, point: str) -> None:
+        """A point inside a step (`Phases.POINTS`); timed with ``--phases`` only."""
+        if self.phases is not None and self.warmup <= self.steps < self.timed:
+            self.phases.mark(point)
 
     def _now(self) -> float:
         import torch
@@ -174,10 +194,20 @@ class Clock:
 
     def step_done(self) -> None:
         self.steps += 1
+        if self.phases is not None and self.warmup < self.steps <= self.timed:
+            self.phases.mark("done")
         if self.steps == self.warmup:
+            # Every variant starts its timed steps with nothing for the garbage collector to
+            # catch up on: a full collection that the set-up left due (0.1-0.3 s) landed in
+            # some variants' timed steps and not others', by more than the gaps measured.
+            gc.collect()
             self.started = self._now()
+            if self.phases is not None:
+                self.phases.start()
         if self.steps == self.timed:
             self.ended = self._now()
+            if self.phases is not None:
+                self.phases.stop()
             if self.trace is not None:
                 self.trace.start()
         elif self.trace is not None and self.steps == self.timed + self.trace.steps:
@@ -191,6 +221,82 @@ class Clock:
     def profile(self) -> dict[str, Any] | None:
         """The `Trace` summary, when steps were traced."""
         return self.trace.summary if self.trace is not None else None
+
+    def phase_times(self) -> dict[str, Any] | None:
+        """The `Phases` summary, with ``--phases``."""
+        return self.phases.summary() if self.phases is not None else None
+
+
+class Phases:
+    """The timed steps cut at `POINTS`: each point's CUDA event (on the current stream) and
+    host time, and the garbage collector's pauses between `start` and `stop`."""
+
+    POINTS = ("forward", "backward", "optimizer", "done")
+    NAMES = {  # the phase that ends at each point
+        "forward": "before forward",
+        "backward": "forward+loss",
+        "optimizer": "backward",
+        "done": "optimizer",
+    }
+
+    def __init__(self, device: Any):
+        self.cuda = device.type == "cuda"
+        self.points: list[tuple[str, float, Any]] = []
+        self.gc_seconds, self.collections, self._gc_began = 0.0, 0, None
+        self._on = False
+
+    def start(self) -> None:
+        self._on = True
+        self.mark("done")  # the end of the last untimed step
+        gc.callbacks.append(self._gc)
+
+    def stop(self) -> None:
+        self._on = False
+        gc.callbacks.remove(self._gc)
+
+    def mark(self, point: str) -> None:
+        import torch
+
+        if not self._on:
+            return
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        self.points.append((point, time.perf_counter(), event))
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            self.gc_seconds += time.perf_counter() - self._gc_began
+            self.collections += 1
+            self._gc_began = None
+
+    def summary(self) -> dict[str, Any]:
+        """Per timed step, in ms: each phase's device time (CUDA) and host time."""
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+        steps = sum(point == "done" for point, _, _ in self.points[1:])
+        device = dict.fromkeys(self.NAMES.values(), 0.0)
+        host = dict.fromkeys(self.NAMES.values(), 0.0)
+        for (_, host_a, event_a), (point, host_b, event_b) in zip(
+            self.points, self.points[1:], strict=False
+        ):
+            name = self.NAMES[point]
+            host[name] += 1e3 * (host_b - host_a)
+            if event_a is not None:
+                device[name] += event_a.elapsed_time(event_b)
+        per_step = max(steps, 1)
+        return {
+            "steps": steps,
+            "device_ms": {k: v / per_step for k, v in device.items()} if self.cuda else None,
+            "host_ms": {k: v / per_step for k, v in host.items()},
+            "gc_ms": 1e3 * self.gc_seconds / per_step,
+            "gc_collections": self.collections / per_step,
+        }
 
 
 class Trace:
@@ -323,15 +429,18 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
     loss, timed_loss = None, float("nan")
     for batch in loader:
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        clock.mark("forward")
         with autocast:
             loss = forward(**batch).loss
+        clock.mark("backward")
         loss.backward()
+        clock.mark("optimizer")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         clock.step_done()
         if clock.steps == clock.timed:
             timed_loss = float(loss)
-    return clock.stop(), timed_loss, model, clock.profile()
+    return clock.stop(), timed_loss, model, clock.profile(), clock.phase_times()
 
 
 def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
@@ -342,6 +451,15 @@ def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
     losses: list[float] = []
 
     class Timing(Callback):
+        def before_forward(self, state: Any, logger: Any) -> None:
+            clock.mark("forward")
+
+        def before_backward(self, state: Any, logger: Any) -> None:
+            clock.mark("backward")
+
+        def after_backward(self, state: Any, logger: Any) -> None:
+            clock.mark("optimizer")
+
         def batch_end(self, state: Any, logger: Any) -> None:
             clock.step_done()
             if clock.steps == clock.timed:
@@ -370,7 +488,7 @@ def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
     )
     trainer.fit()
     seconds = clock.stop()
-    return seconds, losses[-1], model, clock.profile()
+    return seconds, losses[-1], model, clock.profile(), clock.phase_times()
 
 
 def with_lightning(args: argparse.Namespace, variant: str) -> Measured:
@@ -390,9 +508,16 @@ def with_lightning(args: argparse.Namespace, variant: str) -> Measured:
             self.last = 0.0
 
         def training_step(self, batch: Any, index: int) -> Any:
+            clock.mark("forward")
             loss = self.model(**batch).loss
             self.last = loss.detach()
             return loss
+
+        def on_before_backward(self, loss: Any) -> None:
+            clock.mark("backward")
+
+        def on_after_backward(self) -> None:
+            clock.mark("optimizer")
 
         def configure_optimizers(self) -> Any:
             return make_optimizer(self.model, device)
@@ -416,7 +541,7 @@ def with_lightning(args: argparse.Namespace, variant: str) -> Measured:
         callbacks=[Timing()],
     )
     trainer.fit(module, loader)
-    return clock.stop(), losses[-1], model, clock.profile()
+    return clock.stop(), losses[-1], model, clock.profile(), clock.phase_times()
 
 
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -429,11 +554,11 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     if variant == "lightning":
-        seconds, loss, model, profile = with_lightning(args, variant)
+        seconds, loss, model, profile, phases = with_lightning(args, variant)
     elif variant.startswith("trainer"):
-        seconds, loss, model, profile = with_trainer(args, variant)
+        seconds, loss, model, profile, phases = with_trainer(args, variant)
     else:
-        seconds, loss, model, profile = hand_written(args, variant)
+        seconds, loss, model, profile, phases = hand_written(args, variant)
     result = {
         "variant": variant,
         "tokens_per_s": args.batch * args.seq * args.steps / seconds,
@@ -444,6 +569,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
     if profile is not None:
         result["profile"] = profile
+    if phases is not None:
+        result["phases"] = phases
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return result
@@ -476,6 +603,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--precision", args.precision]
     if args.trace:
         argv += ["--trace", str(args.trace)]
+    if args.phases:
+        argv.append("--phases")
     return argv
 
 
@@ -535,6 +664,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
         speed = ok["lightning"]["tokens_per_s"] / ok["eager"]["tokens_per_s"]
         print(f"lightning/eager: tokens/s {speed:.3f} (for reference)")
     report_profiles(ok)
+    report_phases(ok)
     verdict = "all targets met" if not missed else "missed: " + ", ".join(missed)
     if device == "cpu":
         verdict += " (CPU: a smoke run, not the GPU targets)"
@@ -581,6 +711,34 @@ def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8, ops: int = 
             print(f"  {variant} - {baseline}, aten ops per step, largest differences:")
             for difference, name in op_counts:
                 print(f"    {difference:+8.1f}  {name}")
+
+
+def report_phases(ok: dict[str, dict[str, Any]]) -> None:
+    """The --phases figures: per timed step, each phase's device and host ms, and the
+    garbage collector's; then each pair's device-time difference per phase."""
+    timed = {variant: r["phases"] for variant, r in ok.items() if "phases" in r}
+    if not timed:
+        return
+    names = list(Phases.NAMES.values())
+    print("per timed step (first round), ms: " + ", ".join(names) + "; device / host")
+    for variant, p in timed.items():
+        device, host = p["device_ms"], p["host_ms"]
+        cells = [
+            (f"{device[n]:.2f}/" if device is not None else "") + f"{host[n]:.2f}" for n in names
+        ]
+        print(
+            f"  {variant:16s} " + "  ".join(f"{c:>13s}" for c in cells)
+            + f"  gc {p['gc_ms']:.2f} ms, {p['gc_collections']:.2f} collections"
+        )  # fmt: skip
+    for variant, baseline in BASELINE.items():
+        if variant not in timed or baseline not in timed:
+            continue
+        mine, theirs = timed[variant], timed[baseline]
+        kind = "device_ms" if mine["device_ms"] and theirs["device_ms"] else "host_ms"
+        differences = ", ".join(
+            f"{name} {mine[kind][name] - theirs[kind][name]:+.2f}" for name in names
+        )
+        print(f"  {variant} - {baseline}, {kind.split('_')[0]} ms per step: {differences}")
 
 
 def largest_differences(
