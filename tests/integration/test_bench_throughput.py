@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_throughput.py"
 
 
@@ -36,7 +38,7 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     out = tmp_path / "results.json"
     command = [
         sys.executable, str(BENCH), "--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-        "--trace", "2", "--variants", "eager,trainer", "--json", str(out),
+        "--trace", "2", "--phases", "--variants", "eager,trainer", "--json", str(out),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -52,6 +54,19 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
         assert profile["idle_ms"] == 0 and profile["largest_gaps"] == []
         assert sum(profile["aten_counts"].values()) == profile["aten_ops"]
     assert "per traced step" in done.stdout
+    # --phases: the timed steps cut at the forward, the backward and the optimizer step;
+    # on CPU host times only. The phases add up to the timed steps' wall time.
+    for variant in ("eager", "trainer"):
+        result = results[variant]
+        phases = result["phases"]
+        assert phases["steps"] == 2 and phases["device_ms"] is None
+        host = phases["host_ms"]
+        assert list(host) == ["before forward", "forward+loss", "backward", "optimizer"]
+        assert all(ms > 0 for ms in host.values())
+        timed_ms = 1e3 * 4 * 32 * 2 / result["tokens_per_s"] / 2  # batch 4, seq 32, 2 steps
+        assert sum(host.values()) == pytest.approx(timed_ms, rel=0.1)
+        assert phases["gc_ms"] >= 0 and phases["gc_collections"] >= 0
+    assert "trainer - eager, host ms per step: before forward" in done.stdout
     # Per pair, the operators each step runs more or less often: the Trainer hands
     # transformers the label-token count, clamped to >= 1 (HuggingFaceModel.forward).
     counts = {v: results[v]["profile"]["aten_counts"] for v in ("eager", "trainer")}
