@@ -14,10 +14,10 @@ tokens, with the same batch, sequence length, precision (bf16 autocast on CUDA) 
     lightning        Lightning (lightning or pytorch_lightning), when importable
 
 Timing starts after ``--warmup`` steps (compilation included there) and a full garbage
-collection, and covers ``--steps`` steps, synchronised on the device at both ends. MFU is ``6 * N * tokens/s`` over the
-device's dense bf16 peak (a table for H100/H200/A100, or ``--peak-tflops``), with N the
-parameters that do matmuls per token (all but the position embeddings; the tied
-embedding counts once, as the output head). Peak memory is
+collection, and covers ``--steps`` steps, synchronised on the device at both ends. MFU is
+``6 * N * tokens/s`` over the device's dense bf16 peak (a table for H100/H200/A100, or
+``--peak-tflops``), with N the parameters that do matmuls per token (all but the position
+embeddings; the tied embedding counts once, as the output head). Peak memory is
 ``torch.cuda.max_memory_allocated`` over the whole run of the variant.
 
     uv run python bench/gpu_throughput.py                          # GPT-2 small, seq 1024, batch 16
@@ -37,10 +37,11 @@ gaps, each named by the kernel that ended it (a host that waited, or fell behind
 
 ``--phases`` splits each timed step in four, from CUDA events recorded on the current stream
 at the step's points (and the host's clock at the same points): before the forward (data,
-zero_grad, the Trainer's own work), forward and loss, backward, and the optimizer step; with
-the time the garbage collector took. Device time per phase that differs between a pair,
-with the same kernels, is idle time in that phase. It records 4 events per timed step
-(microseconds against a step of ~100 ms).
+the Trainer's zero_grad and own work), forward and loss, backward, and the optimizer step
+(the hand-written loops' zero_grad too); with the time the garbage collector took. Device
+time per phase that differs between a pair, with the same kernels, is idle time in that
+phase. Its 4 events per timed step cost microseconds, but the objects they make move when
+the garbage collector runs: compare runs with ``--phases`` with each other.
 
 ``--repeats`` runs the variants in interleaved rounds and reports each one's median tokens/s
 (and the largest peak memory); each finished variant is printed, and written to ``--json``,
