@@ -1,5 +1,6 @@
 """``gc_freeze``: garbage collected once before the first batch, the heap frozen during the
-fit (so collections during training skip the objects made before it), unfrozen after."""
+fit (so collections during training skip the objects made before it), unfrozen after. On
+CPU, and its default on CUDA (the `gpu` test)."""
 
 import gc
 import weakref
@@ -35,12 +36,12 @@ class HeapWatch(Callback):
             raise RuntimeError("stop here")
 
 
-def fit(watch, **options):
+def fit(watch, device="cpu", **options):
     trainer = Trainer(
         model=mlp(),
         train_dataloader=loader(blobs(64), 16),
         max_duration="2ep",
-        device="cpu",
+        device=device,
         progress_bar=False,
         seed=0,
         callbacks=[watch],
@@ -101,3 +102,14 @@ def test_a_heap_the_program_froze_is_left_as_it_is():
     assert all(frozen // 2 < count <= frozen for count in watch.freeze_counts)
     assert watch.watched_scanned == [True] * 8
     assert frozen // 2 < gc.get_freeze_count() <= frozen
+
+
+@pytest.mark.gpu
+def test_a_cuda_fit_freezes_the_heap_by_default_and_unfreezes_it_after():
+    kept = Cycle()
+    watch = HeapWatch(watched=kept)
+    fit(watch, device="cuda")  # gc_freeze=None: on for a device that is not the CPU
+    assert len(watch.freeze_counts) == 8
+    assert all(count > 1000 for count in watch.freeze_counts)
+    assert watch.watched_scanned == [False] * 8
+    assert gc.get_freeze_count() == 0

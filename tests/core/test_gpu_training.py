@@ -205,28 +205,3 @@ def test_bench_trace_on_cuda_counts_kernels_launches_and_device_time(tmp_path):
         assert all(ms > 0 and name for ms, name in profile["largest_gaps"]), table
     assert "trainer - eager, device ms per step" in table
     assert "trainer - eager, aten ops per step" in table
-
-
-def test_a_cuda_fit_freezes_the_heap_by_default_and_unfreezes_it_after():
-    # gc_freeze=None: on for a device that is not the CPU (tests/core/test_gc_freeze.py has
-    # the rest of its behaviour, on CPU).
-    assert gc.get_freeze_count() == 0
-
-    class FreezeCounts(Callback):
-        counts: list[int] = []
-
-        def batch_end(self, state, logger):
-            self.counts.append(gc.get_freeze_count())
-
-    watch = FreezeCounts()
-    trainer = Trainer(
-        model=mlp(),
-        train_dataloader=loader(blobs(64), 16),
-        max_duration="1ep",
-        device="cuda",
-        progress_bar=False,
-        callbacks=[watch],
-    )
-    trainer.fit()
-    assert len(watch.counts) == 4 and all(count > 1000 for count in watch.counts)
-    assert gc.get_freeze_count() == 0
