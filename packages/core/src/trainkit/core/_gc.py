@@ -13,6 +13,11 @@ on several ranks every other rank waits for it at the next collective.
 (``gc.freeze``: CPython's permanent generation), so that the collections during training
 scan only what was made since: the full collection above then took 3 us. The heap is
 unfrozen when fit returns or fails, so a Trainer dropped later is collected as usual.
+
+A program that froze its heap itself (say, before forking workers) is left alone. Some
+interpreters start with objects frozen: Ubuntu's CPython 3.12.3 has 375 in the permanent
+generation at startup, with ``-S`` and ``-I`` too. Only a count above what was frozen when
+this module was imported is taken as the program's.
 """
 
 from __future__ import annotations
@@ -23,15 +28,18 @@ from collections.abc import Iterator
 
 __all__ = ["frozen_heap"]
 
+_frozen_by_interpreter = gc.get_freeze_count()
+
 
 @contextlib.contextmanager
 def frozen_heap(enabled: bool) -> Iterator[None]:
     """Inside the ``with``: garbage collected once, then every object alive frozen.
 
-    Nothing is done when not ``enabled``, or when objects are frozen already (the program
-    manages the heap itself, e.g. froze it before forking workers).
+    Nothing is done when not ``enabled``, or when the program froze objects itself (it
+    manages the heap, e.g. froze it before forking workers).
     """
-    if not enabled or gc.get_freeze_count():
+    global _frozen_by_interpreter
+    if not enabled or gc.get_freeze_count() > _frozen_by_interpreter:
         yield
         return
     gc.collect()
@@ -39,4 +47,5 @@ def frozen_heap(enabled: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        gc.unfreeze()
+        gc.unfreeze()  # the interpreter's frozen objects too: from now on none are frozen
+        _frozen_by_interpreter = 0
