@@ -13,6 +13,14 @@ tokens, with the same batch, sequence length, precision (bf16 autocast on CUDA) 
     trainer_fsdp     Trainer(parallelism=FSDP()) on the same one-rank group
     lightning        Lightning (lightning or pytorch_lightning), when importable
 
+and, only when named in ``--variants``, two steps from fsdp towards trainer_fsdp that tell
+which part of the Trainer a gap between them comes from:
+
+    fsdp_mesh        fsdp's loop, sharded with the options trainkit's FSDP() passes (its
+                     sub-mesh of the 3-D data/tensor mesh, an explicit OffloadPolicy)
+    fsdp_wrapped     fsdp_mesh with HuggingFaceModel as the root module, called as the
+                     Trainer calls it: model(batch), then model.loss(outputs, batch)
+
 Timing starts after ``--warmup`` steps (compilation included there) and a full garbage
 collection, and covers ``--steps`` steps, synchronised on the device at both ends. MFU is
 ``6 * N * tokens/s`` over the device's dense bf16 peak (a table for H100/H200/A100, or
@@ -30,8 +38,9 @@ embeddings; the tied embedding counts once, as the output head). Peak memory is
 ``--trace N`` profiles N more steps of each variant after its timed steps (torch.profiler;
 the timed figures are not affected) and prints where a step's time goes: wall time,
 device busy time, kernels and host-device synchronisations per step, and, for each pair
-(trainer_fsdp against fsdp, ...), the kernels whose time per step differs most and the aten
-operators whose count per step differs. A gap between a pair then shows as more device
+(trainer_fsdp against fsdp, ...), the kernels whose time per step differs most, the aten
+operators whose count per step differs, and the operators and CUDA runtime calls whose own
+host time per step differs. A gap between a pair then shows as more device
 work (different kernels) or as an idle device: the idle time per step and the largest idle
 gaps, each named by the kernel that ended it (a host that waited, or fell behind, there).
 
@@ -64,6 +73,9 @@ import time
 from typing import Any
 
 VARIANTS = ("eager", "trainer", "compile", "trainer_compile", "fsdp", "trainer_fsdp", "lightning")
+DIAGNOSTIC = ("fsdp_mesh", "fsdp_wrapped")  # run only when named in --variants
+# fsdp -> trainer_fsdp one change at a time: each step's ratio names the change that costs.
+STEPS = (("fsdp_mesh", "fsdp"), ("fsdp_wrapped", "fsdp_mesh"), ("trainer_fsdp", "fsdp_wrapped"))
 BASELINE = {"trainer": "eager", "trainer_compile": "compile", "trainer_fsdp": "fsdp"}
 SPEED_TARGET = {"trainer": 0.99, "trainer_compile": 0.98, "trainer_fsdp": 0.99}
 MEMORY_TARGET = 1.01
@@ -86,7 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed steps (30; tiny: 4)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (5; tiny 2)")
     parser.add_argument(
-        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {VARIANTS}"
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, of {VARIANTS + DIAGNOSTIC} (default: all but the last two)",
     )
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     parser.add_argument(
@@ -123,9 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(args.variants) - set(VARIANTS))
+    unknown = sorted(set(args.variants) - set(VARIANTS + DIAGNOSTIC))
     if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {VARIANTS}")
+        parser.error(f"unknown variants {unknown}; choose from {VARIANTS + DIAGNOSTIC}")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.trace < 0:
@@ -363,13 +377,18 @@ def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
     device_ms, launches, syncs, ops = 0.0, 0, 0, 0
     kernels: dict[str, float] = {}
     op_counts: dict[str, float] = {}
+    host: dict[str, float] = {}  # host time in each operator or runtime call, its own part
     for event in averages:
-        key = event.key
+        # FSDP's ranges name their module: under HuggingFaceModel it is one level down
+        # ("model.transformer.h.0"), the same module as "transformer.h.0" of the bare model.
+        key = event.key.replace("(model.", "(")
         if event.device_type == DeviceType.CUDA:  # a kernel, copy or memset on the device
             own = event.self_device_time_total / 1e3
             device_ms += own
             kernels[key] = kernels.get(key, 0.0) + own / steps
-        elif key.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperative")):
+            continue
+        host[key] = host.get(key, 0.0) + event.self_cpu_time_total / 1e3 / steps
+        if key.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperative")):
             launches += event.count
         elif key.startswith("cuda") and ("Synchronize" in key or key == "cudaMemcpy"):
             syncs += event.count  # the host waits for the device
@@ -377,6 +396,7 @@ def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
             ops += event.count
             op_counts[key] = event.count / steps
     top = sorted(kernels.items(), key=lambda item: -item[1])[:40]
+    host_top = sorted(host.items(), key=lambda item: -item[1])[:60]
     return {
         "wall_ms": 1e3 * wall / steps,
         "device_ms": device_ms / steps,
@@ -385,6 +405,7 @@ def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
         "aten_ops": ops / steps,
         "kernels_ms": dict(top),
         "aten_counts": op_counts,
+        "host_ms": dict(host_top),
     }
 
 
@@ -406,6 +427,18 @@ def start_one_rank_group(device: Any) -> None:
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
 
 
+def trainkit_fsdp_options(device: Any) -> dict[str, Any]:
+    """What `trainkit.parallel.FSDP().prepare` passes ``fully_shard`` on one rank besides the
+    same mixed precision and reshard choices: the "shard" dim of its 3-D mesh, and an
+    ``OffloadPolicy``."""
+    from torch.distributed.fsdp import OffloadPolicy
+
+    from trainkit.parallel import FSDP
+
+    mesh = FSDP().dims(1).build_mesh(device.type, 1)
+    return {"mesh": mesh["shard"], "offload_policy": OffloadPolicy()}
+
+
 def hand_written(args: argparse.Namespace, variant: str) -> Measured:
     import contextlib
 
@@ -413,16 +446,34 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
 
     device, model, loader, dtype = build(args)
     model.to(device)
-    if variant == "fsdp":
+    root = model
+    if variant == "fsdp_wrapped":
+        from trainkit.core import HuggingFaceModel
+
+        root = HuggingFaceModel(model)
+    if variant.startswith("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         start_one_rank_group(device)
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        options: dict[str, Any] = {
+            "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        }
+        blocks, root_only = {}, {}
+        if variant != "fsdp":  # the root kept gathered after forward, as FSDP() asks
+            options.update(trainkit_fsdp_options(device))
+            blocks, root_only = {"reshard_after_forward": True}, {"reshard_after_forward": None}
         for block in model.transformer.h:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(block, **options, **blocks)
+        fully_shard(root, **options, **root_only)
     optimizer = make_optimizer(model, device)
     forward = torch.compile(model) if variant == "compile" else model
+    if variant == "fsdp_wrapped":  # as the Trainer calls a HuggingFaceModel
+
+        def forward(**batch: Any) -> Any:
+            outputs = root(batch)
+            outputs.loss = root.loss(outputs, batch)
+            return outputs
+
     autocast = (
         torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
     )
@@ -664,6 +715,12 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
     if "lightning" in ok and "eager" in ok:
         speed = ok["lightning"]["tokens_per_s"] / ok["eager"]["tokens_per_s"]
         print(f"lightning/eager: tokens/s {speed:.3f} (for reference)")
+    steps = [(v, b) for v, b in STEPS if v in ok and b in ok]
+    if steps:
+        ratios = ", ".join(
+            f"{v}/{b} {ok[v]['tokens_per_s'] / ok[b]['tokens_per_s']:.3f}" for v, b in steps
+        )
+        print(f"fsdp -> trainer_fsdp, one change at a time: {ratios}")
     report_profiles(ok)
     report_phases(ok)
     verdict = "all targets met" if not missed else "missed: " + ", ".join(missed)
@@ -692,9 +749,7 @@ def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8, ops: int = 
         if p.get("largest_gaps"):
             gaps = ", ".join(f"{ms:.2f} ms before {name[:60]}" for ms, name in p["largest_gaps"])
             print(f"  {variant}: largest idle gaps (all traced steps): {gaps}")
-    for variant, baseline in BASELINE.items():
-        if variant not in profiled or baseline not in profiled:
-            continue
+    for variant, baseline in pairs(profiled):
         kernel_ms = largest_differences(
             profiled[variant]["kernels_ms"], profiled[baseline]["kernels_ms"], kernels, 0.0
         )
@@ -712,6 +767,13 @@ def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8, ops: int = 
             print(f"  {variant} - {baseline}, aten ops per step, largest differences:")
             for difference, name in op_counts:
                 print(f"    {difference:+8.1f}  {name}")
+        host_ms = largest_differences(  # where a host that falls behind spends its time
+            profiled[variant].get("host_ms", {}), profiled[baseline].get("host_ms", {}), ops, 0.0
+        )
+        if host_ms:
+            print(f"  {variant} - {baseline}, host ms per step (own time), largest differences:")
+            for difference, name in host_ms:
+                print(f"    {difference:+8.3f}  {name[:100]}")
 
 
 def report_phases(ok: dict[str, dict[str, Any]]) -> None:
@@ -731,15 +793,21 @@ def report_phases(ok: dict[str, dict[str, Any]]) -> None:
             f"  {variant:16s} " + "  ".join(f"{c:>13s}" for c in cells)
             + f"  gc {p['gc_ms']:.2f} ms, {p['gc_collections']:.2f} collections"
         )  # fmt: skip
-    for variant, baseline in BASELINE.items():
-        if variant not in timed or baseline not in timed:
-            continue
+    for variant, baseline in pairs(timed):
         mine, theirs = timed[variant], timed[baseline]
         kind = "device_ms" if mine["device_ms"] and theirs["device_ms"] else "host_ms"
         differences = ", ".join(
             f"{name} {mine[kind][name] - theirs[kind][name]:+.2f}" for name in names
         )
         print(f"  {variant} - {baseline}, {kind.split('_')[0]} ms per step: {differences}")
+
+
+def pairs(measured: dict[str, Any]) -> list[tuple[str, str]]:
+    """(variant, baseline) of `BASELINE` and `STEPS` with both in ``measured``, once each."""
+    both = [*BASELINE.items(), *STEPS]
+    return [
+        pair for i, pair in enumerate(both) if pair not in both[:i] and set(pair) <= set(measured)
+    ]
 
 
 def largest_differences(

@@ -34,11 +34,38 @@ def test_idle_gaps_are_the_device_time_no_stream_was_busy():
     assert idle_gaps(work, largest=1)[1] == [(8.0, "embedding")]
 
 
+def test_the_report_walks_from_fsdp_to_the_trainer_one_change_at_a_time(capsys):
+    bench = load_bench()
+    args = bench.parse_args(["--device", "cpu", "--variants", "fsdp,trainer_fsdp,fsdp_mesh"])
+    results = [
+        {"variant": name, "tokens_per_s": speed, "peak_bytes": None, "loss": 1.0,
+         "params": 1, "device": "cpu"}
+        for name, speed in (("fsdp", 100.0), ("fsdp_mesh", 99.0), ("fsdp_wrapped", 98.0),
+                            ("trainer_fsdp", 97.02))
+    ]  # fmt: skip
+    bench.report(args, results)
+    out = capsys.readouterr().out
+    assert "trainer_fsdp/fsdp: tokens/s 0.970" in out
+    assert (
+        "fsdp -> trainer_fsdp, one change at a time: fsdp_mesh/fsdp 0.990, "
+        "fsdp_wrapped/fsdp_mesh 0.990, trainer_fsdp/fsdp_wrapped 0.990"
+    ) in out
+    assert bench.pairs({"fsdp": 0, "trainer_fsdp": 0, "fsdp_wrapped": 0}) == [
+        ("trainer_fsdp", "fsdp"),
+        ("trainer_fsdp", "fsdp_wrapped"),
+    ]
+    # The two diagnostic variants run only when named.
+    assert "fsdp_mesh" not in bench.parse_args([]).variants
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--variants", "fsdp_meshh"])
+
+
 def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     out = tmp_path / "results.json"
     command = [
         sys.executable, str(BENCH), "--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-        "--trace", "2", "--phases", "--variants", "eager,trainer", "--json", str(out),
+        "--trace", "2", "--phases", "--variants", "eager,trainer,fsdp_wrapped",
+        "--json", str(out),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -54,6 +81,18 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
         assert profile["idle_ms"] == 0 and profile["largest_gaps"] == []
         assert sum(profile["aten_counts"].values()) == profile["aten_ops"]
     assert "per traced step" in done.stdout
+    # Where the host's time goes, per operator: the forward's matmuls among them.
+    assert results["trainer"]["profile"]["host_ms"]["aten::addmm"] > 0
+    assert "trainer - eager, host ms per step (own time)" in done.stdout
+    # fsdp_wrapped: trainkit's FSDP2 options and the Trainer's calls of a HuggingFaceModel
+    # (the label-token count included) in a hand-written loop: eager's loss on one rank.
+    wrapped = results["fsdp_wrapped"]
+    assert wrapped["loss"] == pytest.approx(results["eager"]["loss"], rel=1e-5)
+    counts = wrapped["profile"]["aten_counts"]
+    assert (
+        counts["aten::clamp"] - results["eager"]["profile"]["aten_counts"].get("aten::clamp", 0)
+        == 1
+    )
     # --phases: the timed steps cut at the forward, the backward and the optimizer step;
     # on CPU host times only. The phases add up to the timed steps' wall time.
     for variant in ("eager", "trainer"):
