@@ -129,7 +129,7 @@ class TrainerConfig:
     fit (``gc.freeze``), so that Python's collections during training scan only objects
     made since: a full collection of a process that imported torch pauses the host for
     ~0.1-0.4 s, which a host-bound step (FSDP) or every other rank then waits for. None:
-    on when the device is not the CPU."""
+    on when the device is not the CPU. A heap the program froze itself is left as it is."""
     progress_bar: bool = True
     """Show progress (trainkit-loggers' bar when installed, else plain lines)."""
     log_to_console: bool = False
