@@ -13,6 +13,7 @@ from parallel.helpers import (
     Blocks,
     ClipGrad,
     assert_close,
+    from_bytes,
     full_weights,
     gpt2,
     import_transformers,
@@ -328,3 +329,28 @@ def test_fsdp_bad_input():
         apply_activation_checkpointing(nn.Linear(2, 2), True, blocks=[])
     with pytest.raises(RuntimeError, match=r"init_distributed\(\)"):
         FSDP().prepare(State(model=Blocks()))
+
+
+def _broadcasts(rank, world):
+    torch.manual_seed(rank)  # each rank starts from weights of its own
+    model = nn.Linear(3, 2)
+    import torch.distributed as dist
+
+    from trainkit.parallel._common import broadcast_module_states
+
+    calls, real = [], dist.broadcast
+    dist.broadcast = lambda tensor, src, **kw: calls.append(src) or real(tensor, src, **kw)
+    try:
+        broadcast_module_states(model)
+    finally:
+        dist.broadcast = real
+    return len(calls), to_bytes(model.state_dict())
+
+
+def test_module_states_are_broadcast_from_rank_0_and_not_at_all_alone():
+    ((alone, _),) = run_ranks(_broadcasts, 1)
+    assert alone == 0  # one rank: nothing to copy, no collective per tensor
+    (calls_0, weights_0), (calls_1, weights_1) = run_ranks(_broadcasts, 2)
+    assert calls_0 == calls_1 == 2  # the weight and the bias
+    for name, tensor in from_bytes(weights_0).items():
+        assert torch.equal(from_bytes(weights_1)[name], tensor), name

@@ -112,7 +112,13 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 @torch.no_grad()
 def broadcast_module_states(model: nn.Module, src: int = 0) -> None:
-    """Copy rank ``src``'s parameters and buffers to every rank (like DDP does at start)."""
+    """Copy rank ``src``'s parameters and buffers to every rank (like DDP does at start).
+
+    Alone in the group there is nothing to copy: no collective is issued (on NCCL, one per
+    tensor of the model).
+    """
+    if dist.get_world_size() == 1:
+        return
     for tensor in [*model.parameters(), *model.buffers()]:
         dist.broadcast(tensor.data, src=src)
 
