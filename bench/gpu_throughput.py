@@ -21,6 +21,25 @@ which part of the Trainer a gap between them comes from:
     fsdp_wrapped     fsdp_mesh with HuggingFaceModel as the root module, called as the
                      Trainer calls it: model(batch), then model.loss(outputs, batch)
 
+A variant may carry changes, each ``+NAME`` or ``+NAME=N``, that move it one piece towards
+the other side; ``fsdp_wrapped+zero_first`` is fsdp_wrapped with its ``zero_grad`` where the
+Trainer calls it. Each changed variant is reported against its unchanged one:
+
+    zero_first            hand-written: zero_grad before the forward, where the Trainer calls it
+    loss_watch            hand-written: the Trainer's non-finite loss check after each step
+    trainer_data          hand-written: batches read as the Trainer reads them (DataSpec's
+                          resumable loader, counted, moved by its device_transfer)
+    split_autocast        fsdp_wrapped: the loss in an autocast region of its own, as the Trainer
+    reverse_blocks        hand-written FSDP2: blocks sharded last to first, as FSDP() orders them
+    broadcast             hand-written FSDP2: every parameter and buffer broadcast from rank 0
+                          before sharding, as FSDP(sync_module_states=True) did on one rank
+    no_loss_watch         Trainer: without its non-finite loss check
+    zero_after_step       Trainer: zero_grad after the optimizer step instead of before forward
+    no_gc_freeze          Trainer(gc_freeze=False)
+    host_between=US       any but lightning: the host busy US microseconds between steps
+    host_forward=US       any but lightning: the host busy US microseconds between the loss and
+                          the backward (with host_between: how much host time there costs)
+
 Timing starts after ``--warmup`` steps (compilation included there) and a full garbage
 collection, and covers ``--steps`` steps, synchronised on the device at both ends. MFU is
 ``6 * N * tokens/s`` over the device's dense bf16 peak (a table for H100/H200/A100, or
@@ -34,6 +53,7 @@ embeddings; the tied embedding counts once, as the output head). Peak memory is
     uv run python bench/gpu_throughput.py --repeats 3 --variants eager,trainer
     uv run python bench/gpu_throughput.py --report results.json    # the table of a --json file
     uv run python bench/gpu_throughput.py --trace 5 --variants fsdp,trainer_fsdp
+    uv run python bench/gpu_throughput.py --variants fsdp_wrapped,fsdp_wrapped+host_between=1000
 
 ``--trace N`` profiles N more steps of each variant after its timed steps (torch.profiler;
 the timed figures are not affected) and prints where a step's time goes: wall time,
@@ -76,6 +96,22 @@ VARIANTS = ("eager", "trainer", "compile", "trainer_compile", "fsdp", "trainer_f
 DIAGNOSTIC = ("fsdp_mesh", "fsdp_wrapped")  # run only when named in --variants
 # fsdp -> trainer_fsdp one change at a time: each step's ratio names the change that costs.
 STEPS = (("fsdp_mesh", "fsdp"), ("fsdp_wrapped", "fsdp_mesh"), ("trainer_fsdp", "fsdp_wrapped"))
+HAND_WRITTEN = ("eager", "compile", "fsdp", *DIAGNOSTIC)
+TRAINERS = ("trainer", "trainer_compile", "trainer_fsdp")
+# A change to a variant: the variants it applies to, and whether it takes a number (+NAME=N).
+CHANGES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "zero_first": (HAND_WRITTEN, False),
+    "loss_watch": (HAND_WRITTEN, False),
+    "trainer_data": (HAND_WRITTEN, False),
+    "split_autocast": (("fsdp_wrapped",), False),
+    "reverse_blocks": (("fsdp", *DIAGNOSTIC), False),
+    "broadcast": (("fsdp", *DIAGNOSTIC), False),
+    "no_loss_watch": (TRAINERS, False),
+    "zero_after_step": (TRAINERS, False),
+    "no_gc_freeze": (TRAINERS, False),
+    "host_between": ((*HAND_WRITTEN, *TRAINERS), True),
+    "host_forward": ((*HAND_WRITTEN, *TRAINERS), True),
+}
 BASELINE = {"trainer": "eager", "trainer_compile": "compile", "trainer_fsdp": "fsdp"}
 SPEED_TARGET = {"trainer": 0.99, "trainer_compile": 0.98, "trainer_fsdp": 0.99}
 MEMORY_TARGET = 1.01
@@ -100,7 +136,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
-        help=f"comma-separated, of {VARIANTS + DIAGNOSTIC} (default: all but the last two)",
+        help=f"comma-separated, of {VARIANTS + DIAGNOSTIC} (default: all but the last two), "
+        "each with any changes: +NAME or +NAME=N (see the module's docstring)",
     )
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     parser.add_argument(
@@ -137,14 +174,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(args.variants) - set(VARIANTS + DIAGNOSTIC))
+    unknown = sorted({split_variant(v)[0] for v in args.variants} - set(VARIANTS + DIAGNOSTIC))
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {VARIANTS + DIAGNOSTIC}")
+    for variant in args.variants:
+        problem = check_changes(variant)
+        if problem:
+            parser.error(problem)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.trace < 0:
         parser.error(f"--trace must be 0 (no profile) or a number of steps, got {args.trace}")
     return args
+
+
+def split_variant(variant: str) -> tuple[str, dict[str, str]]:
+    """``"fsdp_wrapped+zero_first+host_between=500"`` -> ``("fsdp_wrapped", {"zero_first":
+    "", "host_between": "500"})``."""
+    base, *changes = variant.split("+")
+    return base, dict(change.partition("=")[::2] for change in changes)
+
+
+def check_changes(variant: str) -> str | None:
+    """What is wrong with ``variant``'s changes (`CHANGES`), or None."""
+    base, changes = split_variant(variant)
+    for name, value in changes.items():
+        if name not in CHANGES:
+            return f"{variant}: unknown change {name!r}; choose from {sorted(CHANGES)}"
+        applies, numeric = CHANGES[name]
+        if base not in applies:
+            return f"{variant}: {name} applies to {', '.join(applies)}, not {base}"
+        if numeric and not value.isdigit():
+            return f"{variant}: {name} needs a number of microseconds, as {name}=500"
+        if not numeric and value:
+            return f"{variant}: {name} takes no value, got {name}={value}"
+    return None
+
+
+def keep_host_busy(microseconds: str | None) -> None:
+    """Keep the host busy (holding the GIL, as Python work does) for that long."""
+    if microseconds:
+        end = time.perf_counter() + int(microseconds) / 1e6
+        while time.perf_counter() < end:
+            pass
 
 
 # --- one variant, in its own process -------------------------------------------------------
@@ -444,6 +516,7 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
 
     import torch
 
+    variant, changes = split_variant(variant)
     device, model, loader, dtype = build(args)
     model.to(device)
     root = model
@@ -452,9 +525,13 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
 
         root = HuggingFaceModel(model)
     if variant.startswith("fsdp"):
+        import torch.distributed as dist
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         start_one_rank_group(device)
+        if "broadcast" in changes:
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor.data, src=0)
         options: dict[str, Any] = {
             "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         }
@@ -462,62 +539,109 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
         if variant != "fsdp":  # the root kept gathered after forward, as FSDP() asks
             options.update(trainkit_fsdp_options(device))
             blocks, root_only = {"reshard_after_forward": True}, {"reshard_after_forward": None}
-        for block in model.transformer.h:
+        order = list(model.transformer.h)
+        for block in reversed(order) if "reverse_blocks" in changes else order:
             fully_shard(block, **options, **blocks)
         fully_shard(root, **options, **root_only)
     optimizer = make_optimizer(model, device)
     forward = torch.compile(model) if variant == "compile" else model
-    if variant == "fsdp_wrapped":  # as the Trainer calls a HuggingFaceModel
-
-        def forward(**batch: Any) -> Any:
-            outputs = root(batch)
-            outputs.loss = root.loss(outputs, batch)
-            return outputs
-
     autocast = (
         torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
     )
+
+    def step_loss(batch: dict[str, Any]) -> Any:
+        if variant != "fsdp_wrapped":
+            with autocast:
+                return forward(**batch).loss
+        # As the Trainer calls a HuggingFaceModel: model(batch), then model.loss.
+        with autocast:
+            outputs = root(batch)
+            if "split_autocast" not in changes:
+                return root.loss(outputs, batch)
+        with autocast:
+            return root.loss(outputs, batch)
+
+    batches: Any = loader
+    data = None
+    if "trainer_data" in changes:
+        from trainkit.core import DataSpec
+
+        data = DataSpec(loader)
+        data.make_resumable(0)
+        batches = data.iter_epoch(0)
+    watch = None
+    if "loss_watch" in changes:
+        from trainkit.core._nonfinite import LossWatch
+
+        watch = LossWatch()
     clock = Clock(device, args)
     loss, timed_loss = None, float("nan")
-    for batch in loader:
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    for batch in batches:
+        if data is not None:
+            data.count_batch(batch, 1, device)
+            batch = data.device_transfer(batch, device)
+        else:
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        if "zero_first" in changes:
+            optimizer.zero_grad(set_to_none=True)
         clock.mark("forward")
-        with autocast:
-            loss = forward(**batch).loss
+        loss = step_loss(batch)
+        keep_host_busy(changes.get("host_forward"))
         clock.mark("backward")
         loss.backward()
         clock.mark("optimizer")
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if "zero_first" not in changes:
+            optimizer.zero_grad(set_to_none=True)
         clock.step_done()
+        if watch is not None:
+            watch.update(loss, clock.steps)
+        keep_host_busy(changes.get("host_between"))
         if clock.steps == clock.timed:
-            timed_loss = float(loss)
+            timed_loss = float(loss.detach())
     return clock.stop(), timed_loss, model, clock.profile(), clock.phase_times()
 
 
 def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
+    import torch
+
     from trainkit.core import Callback, HuggingFaceModel, Trainer
 
+    variant, changes = split_variant(variant)
     device, model, loader, dtype = build(args)
     clock = Clock(device, args)
     losses: list[float] = []
+    zero_grad = torch.optim.Optimizer.zero_grad
+    if "zero_after_step" in changes:  # this process only: the Trainer's call does nothing
+        torch.optim.Optimizer.zero_grad = lambda self, set_to_none=True: None  # type: ignore[method-assign,assignment]
+    if "no_loss_watch" in changes:
+        from trainkit.core._nonfinite import LossWatch
+
+        LossWatch.update = lambda self, loss, batch: None  # type: ignore[method-assign,assignment]
 
     class Timing(Callback):
         def before_forward(self, state: Any, logger: Any) -> None:
             clock.mark("forward")
 
         def before_backward(self, state: Any, logger: Any) -> None:
+            keep_host_busy(changes.get("host_forward"))
             clock.mark("backward")
 
         def after_backward(self, state: Any, logger: Any) -> None:
             clock.mark("optimizer")
 
         def batch_end(self, state: Any, logger: Any) -> None:
+            if "zero_after_step" in changes:
+                for optimizer in state.optimizers:
+                    zero_grad(optimizer, set_to_none=True)
             clock.step_done()
+            keep_host_busy(changes.get("host_between"))
             if clock.steps == clock.timed:
-                losses.append(float(state.loss))
+                losses.append(float(state.loss.detach()))
 
     options: dict[str, Any] = {}
+    if "no_gc_freeze" in changes:
+        options["gc_freeze"] = False
     if variant == "trainer_compile":
         options["compile"] = True
     if variant == "trainer_fsdp":
@@ -683,17 +807,19 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
     peak = peak_flops(device, args.peak_tflops)
     rounds = f"; median of {args.repeats} rounds" if args.repeats > 1 else ""
     print(f"device {device}; seq {args.seq}, batch {args.batch}, {args.steps} timed steps{rounds}")
-    print(f"{'variant':16s} {'tokens/s':>11s} {'MFU':>6s} {'peak GB':>8s} {'loss':>7s}")
+    width = max([16, *(len(r["variant"]) for r in results)])
+    print(f"{'variant':{width}s} {'tokens/s':>11s} {'MFU':>6s} {'peak GB':>8s} {'loss':>7s}")
     for r in results:
         if "error" in r:
-            print(f"{r['variant']:16s} skipped: {r['error']}")
+            print(f"{r['variant']:{width}s} skipped: {r['error']}")
             continue
         mfu = f"{6 * r['params'] * r['tokens_per_s'] / peak:6.1%}" if peak else "   n/a"
         memory = f"{r['peak_bytes'] / 1e9:8.2f}" if r["peak_bytes"] is not None else "     n/a"
         spread = r.get("rounds", [])
         spread = f"  ({spread[0]:.1f}-{spread[-1]:.1f})" if len(spread) > 1 else ""
         print(
-            f"{r['variant']:16s} {r['tokens_per_s']:11.1f} {mfu} {memory} {r['loss']:7.3f}{spread}"
+            f"{r['variant']:{width}s} {r['tokens_per_s']:11.1f} {mfu} {memory} "
+            f"{r['loss']:7.3f}{spread}"
         )
     missed, figures = [], []
     for variant, baseline in BASELINE.items():
@@ -721,6 +847,12 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
             f"{v}/{b} {ok[v]['tokens_per_s'] / ok[b]['tokens_per_s']:.3f}" for v, b in steps
         )
         print(f"fsdp -> trainer_fsdp, one change at a time: {ratios}")
+    changed = changed_pairs(ok)
+    if changed:
+        ratios = ", ".join(
+            f"{v}/{b} {ok[v]['tokens_per_s'] / ok[b]['tokens_per_s']:.3f}" for v, b in changed
+        )
+        print(f"changed variants against their own: {ratios}")
     report_profiles(ok)
     report_phases(ok)
     verdict = "all targets met" if not missed else "missed: " + ", ".join(missed)
@@ -803,11 +935,23 @@ def report_phases(ok: dict[str, dict[str, Any]]) -> None:
 
 
 def pairs(measured: dict[str, Any]) -> list[tuple[str, str]]:
-    """(variant, baseline) of `BASELINE` and `STEPS` with both in ``measured``, once each."""
-    both = [*BASELINE.items(), *STEPS]
+    """(variant, baseline) of `BASELINE`, `STEPS` and `changed_pairs` with both in
+    ``measured``, once each."""
+    both = [*BASELINE.items(), *STEPS, *changed_pairs(measured)]
     return [
         pair for i, pair in enumerate(both) if pair not in both[:i] and set(pair) <= set(measured)
     ]
+
+
+def changed_pairs(measured: dict[str, Any]) -> list[tuple[str, str]]:
+    """(changed variant, the same without changes) for each changed variant in ``measured``
+    whose unchanged one is there too."""
+    found = []
+    for variant in measured:
+        base = split_variant(variant)[0]
+        if base != variant and base in measured:
+            found.append((variant, base))
+    return found
 
 
 def largest_differences(

@@ -60,11 +60,93 @@ def test_the_report_walks_from_fsdp_to_the_trainer_one_change_at_a_time(capsys):
         bench.parse_args(["--variants", "fsdp_meshh"])
 
 
+def test_changes_are_checked_and_reported_against_the_unchanged_variant(capsys):
+    bench = load_bench()
+    assert bench.split_variant("fsdp_wrapped+zero_first+host_between=500") == (
+        "fsdp_wrapped",
+        {"zero_first": "", "host_between": "500"},
+    )
+    assert bench.split_variant("eager") == ("eager", {})
+    for variants, problem in (
+        ("eager+nope", "unknown change 'nope'"),
+        ("trainer+zero_first", "zero_first applies to eager, compile"),
+        ("eager+split_autocast", "split_autocast applies to fsdp_wrapped, not eager"),
+        ("fsdp_wrapped+host_between", "host_between needs a number of microseconds"),
+        ("trainer+no_gc_freeze=1", "no_gc_freeze takes no value"),
+        ("lightning+host_between=5", "host_between applies to"),
+        ("eagr+zero_first", "unknown variants ['eagr']"),
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--variants", variants])
+        assert problem in capsys.readouterr().err, variants
+    args = bench.parse_args(["--device", "cpu", "--variants", "fsdp_wrapped+reverse_blocks"])
+    assert args.variants == ["fsdp_wrapped+reverse_blocks"]
+    results = [
+        {"variant": name, "tokens_per_s": speed, "peak_bytes": None, "loss": 1.0,
+         "params": 1, "device": "cpu"}
+        for name, speed in (("fsdp_wrapped", 100.0), ("fsdp_wrapped+zero_first", 99.0),
+                            ("trainer+no_loss_watch", 50.0))
+    ]  # fmt: skip
+    bench.report(args, results)
+    out = capsys.readouterr().out
+    # Against its own variant; one whose unchanged variant did not run is left out.
+    assert "changed variants against their own: fsdp_wrapped+zero_first/fsdp_wrapped 0.990\n" in out
+    assert bench.pairs({"fsdp_wrapped": 0, "fsdp_wrapped+zero_first": 0}) == [
+        ("fsdp_wrapped+zero_first", "fsdp_wrapped")
+    ]
+
+
+def test_changes_move_the_work_and_keep_the_training(monkeypatch):
+    bench = load_bench()
+    import torch
+
+    from trainkit.core._nonfinite import LossWatch
+
+    # The Trainer's changes patch these for their (fresh) process: restored after the test.
+    monkeypatch.setattr(LossWatch, "update", LossWatch.update)
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", torch.optim.Optimizer.zero_grad)
+    threads = torch.get_num_threads()
+    args = bench.parse_args(["--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1"])
+    args.phases = True
+    results = {}
+    try:
+        for variant in (
+            "eager",
+            "eager+zero_first+loss_watch+host_between=30000+host_forward=20000",
+            "eager+trainer_data",
+            "trainer",
+            "trainer+no_loss_watch+zero_after_step+no_gc_freeze+host_forward=20000",
+        ):
+            args.worker = variant
+            results[variant] = bench.run_worker(args)
+    finally:
+        torch.set_num_threads(threads)
+    eager, changed, data, trainer, changed_trainer = results.values()
+    # The same training: where zero_grad runs and checking the loss change no number.
+    assert changed["loss"] == eager["loss"]
+    # The same batches through DataSpec; only dropout's masks differ: iterating a plain
+    # DataLoader draws a seed from the global generator, the resumable one from its own.
+    assert data["loss"] == pytest.approx(eager["loss"], rel=1e-2)
+    assert changed_trainer["loss"] == trainer["loss"]
+
+    # The host kept busy where asked: between the steps (before the next forward) and
+    # between the loss and the backward (30 and 20 ms a step, against a few ms of work).
+    def more(mine, theirs, phase):
+        return mine["phases"]["host_ms"][phase] - theirs["phases"]["host_ms"][phase]
+
+    assert more(changed, eager, "before forward") > 20.0
+    assert more(changed, eager, "forward+loss") > 10.0
+    assert abs(more(changed, eager, "backward")) < 10.0
+    assert more(changed_trainer, trainer, "forward+loss") > 10.0
+    assert abs(more(changed_trainer, trainer, "before forward")) < 10.0
+
+
 def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     out = tmp_path / "results.json"
     command = [
         sys.executable, str(BENCH), "--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-        "--trace", "2", "--phases", "--variants", "eager,trainer,fsdp_wrapped",
+        "--trace", "2", "--phases", "--variants",
+        "eager,trainer,fsdp_wrapped,fsdp_wrapped+split_autocast+reverse_blocks+broadcast",
         "--json", str(out),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -88,6 +170,15 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     # (the label-token count included) in a hand-written loop: eager's loss on one rank.
     wrapped = results["fsdp_wrapped"]
     assert wrapped["loss"] == pytest.approx(results["eager"]["loss"], rel=1e-5)
+    # Its loss in an autocast region of its own, the blocks sharded last to first, the
+    # weights broadcast first: the same training.
+    assert results["fsdp_wrapped+split_autocast+reverse_blocks+broadcast"]["loss"] == (
+        pytest.approx(wrapped["loss"], rel=1e-6)
+    )
+    assert (
+        "changed variants against their own: "
+        "fsdp_wrapped+split_autocast+reverse_blocks+broadcast/fsdp_wrapped"
+    ) in done.stdout
     counts = wrapped["profile"]["aten_counts"]
     assert (
         counts["aten::clamp"] - results["eager"]["profile"]["aten_counts"].get("aten::clamp", 0)
