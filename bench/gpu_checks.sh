@@ -7,8 +7,8 @@
 #     gpu_tests    pytest -m gpu (bf16/fp16, real-OOM auto-microbatching, compile, fp8,
 #                  DDP/FSDP2 on NCCL, memory snapshots, the peak-memory target)
 #     throughput   bench/gpu_throughput.py --repeats $REPEATS (default 1), the variants in
-#                  $VARIANTS (default all), --trace $TRACE (default 0: no profile), and
-#                  --phases when $PHASES is set
+#                  $VARIANTS (default all), --trace $TRACE (default 0: no profile),
+#                  --pyprofile $PYPROFILE (default 0), and --phases when $PHASES is set
 #     default_run  `trainkit train` with its embedded defaults, in a fresh folder
 #     cpu_suite    the CPU suite on this machine (CUDA visible: tests/conftest.py hides it
 #                  from the CPU tests and their child processes)
@@ -95,7 +95,8 @@ run_step() {
       --basetemp "$(mktemp -d)/gpu_tests" tests ;;
     throughput) timeout -k 15 "$limit" "$python" bench/gpu_throughput.py \
       --repeats "${REPEATS:-1}" --trace "${TRACE:-0}" --json "$out/throughput.json" \
-      ${VARIANTS:+--variants "$VARIANTS"} ${PHASES:+--phases} ;;
+      ${VARIANTS:+--variants "$VARIANTS"} ${PYPROFILE:+--pyprofile "$PYPROFILE"} \
+      ${PHASES:+--phases} ;;
     default_run) (cd "$(mktemp -d)" && timeout -k 15 "$limit" "$python" -m trainkit.cli train \
       && cp runs/default/sample.txt "$out/sample.txt") ;;
     cpu_suite) timeout -k 15 "$limit" "$python" -m pytest -n "${WORKERS:-8}" -v \

@@ -54,6 +54,7 @@ embeddings; the tied embedding counts once, as the output head). Peak memory is
     uv run python bench/gpu_throughput.py --report results.json    # the table of a --json file
     uv run python bench/gpu_throughput.py --trace 5 --variants fsdp,trainer_fsdp
     uv run python bench/gpu_throughput.py --variants fsdp_wrapped,fsdp_wrapped+host_between=1000
+    uv run python bench/gpu_throughput.py --pyprofile 5 --variants fsdp_wrapped,trainer_fsdp
 
 ``--trace N`` profiles N more steps of each variant after its timed steps (torch.profiler;
 the timed figures are not affected) and prints where a step's time goes: wall time,
@@ -63,6 +64,11 @@ operators whose count per step differs, and the operators and CUDA runtime calls
 host time per step differs. A gap between a pair then shows as more device
 work (different kernels) or as an idle device: the idle time per step and the largest idle
 gaps, each named by the kernel that ended it (a host that waited, or fell behind, there).
+
+``--pyprofile N`` runs N more steps (after --trace's) under cProfile and lists, per pair, the
+functions whose own host time per step differs most: the Python a Trainer runs that a
+hand-written loop does not, by function, on the machine where the gap is (the main
+thread only: autograd's backward threads are not followed).
 
 ``--phases`` splits each timed step in four, from CUDA events recorded on the current stream
 at the step's points (and the host's clock at the same points): before the forward (data,
@@ -156,6 +162,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="profile N more steps after the timed ones and compare where the time goes",
     )
     parser.add_argument(
+        "--pyprofile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N more steps (after --trace's) under cProfile: the host's Python per function",
+    )
+    parser.add_argument(
         "--phases",
         action="store_true",
         help="time each timed step's phases (CUDA events) and the garbage collector",
@@ -183,9 +196,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(problem)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
-    if args.trace < 0:
-        parser.error(f"--trace must be 0 (no profile) or a number of steps, got {args.trace}")
+    for name in ("trace", "pyprofile"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name} must be 0 (no profile) or a number of steps")
     return args
+
+
+def all_steps(args: argparse.Namespace) -> int:
+    """Every step a variant runs: warm-up, timed, traced, profiled with cProfile."""
+    return args.warmup + args.steps + args.trace + args.pyprofile
 
 
 def split_variant(variant: str) -> tuple[str, dict[str, str]]:
@@ -240,7 +259,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     generator = torch.Generator().manual_seed(0)
-    count = args.batch * (args.warmup + args.steps + args.trace)
+    count = args.batch * all_steps(args)
     tokens = torch.randint(0, config.vocab_size, (count, args.seq), generator=generator)
     samples = [{"input_ids": row, "labels": row} for row in tokens]
     loader = DataLoader(samples, batch_size=args.batch, pin_memory=cuda)
@@ -254,7 +273,7 @@ def matmul_parameters(model: Any) -> int:
 
 
 # seconds, loss, model, the --trace profile, the --phases times
-Measured = tuple[float, float, Any, "dict[str, Any] | None", "dict[str, Any] | None"]
+Measured = tuple[float, float, Any, "Clock"]  # seconds, the last timed loss, the model
 
 
 class Clock:
@@ -264,6 +283,7 @@ class Clock:
     def __init__(self, device: Any, args: argparse.Namespace):
         self.device, self.warmup, self.timed = device, args.warmup, args.warmup + args.steps
         self.trace = Trace(device, args.trace) if args.trace else None
+        self.python = PythonProfile(getattr(args, "pyprofile", 0)) or None
         self.phases = Phases(device) if getattr(args, "phases", False) else None
         self.steps, self.started, self.ended = 0, 0.0, 0.0
 
@@ -299,6 +319,12 @@ class Clock:
                 self.trace.start()
         elif self.trace is not None and self.steps == self.timed + self.trace.steps:
             self.trace.stop()
+        traced = self.timed + (self.trace.steps if self.trace is not None else 0)
+        if self.python is not None:  # after the traced steps: one profiler at a time
+            if self.steps == traced:
+                self.python.start()
+            elif self.steps == traced + self.python.steps:
+                self.python.stop()
 
     def stop(self) -> float:
         if not self.ended:  # fewer steps than timed: time what ran
@@ -308,6 +334,10 @@ class Clock:
     def profile(self) -> dict[str, Any] | None:
         """The `Trace` summary, when steps were traced."""
         return self.trace.summary if self.trace is not None else None
+
+    def python_profile(self) -> dict[str, Any] | None:
+        """The `PythonProfile` summary, with ``--pyprofile``."""
+        return self.python.summary if self.python is not None else None
 
     def phase_times(self) -> dict[str, Any] | None:
         """The `Phases` summary, with ``--phases``."""
@@ -384,6 +414,60 @@ class Phases:
             "gc_ms": 1e3 * self.gc_seconds / per_step,
             "gc_collections": self.collections / per_step,
         }
+
+
+class PythonProfile:
+    """``steps`` steps under cProfile, per step: each function's own time and calls.
+
+    The main thread's Python and the C functions it calls (a tensor operator's call counts
+    whole, as do waits inside it); what autograd's device threads run in backward (FSDP's
+    post-backward hooks, say) is not seen, as cProfile follows one thread.
+    """
+
+    KEEP = 1000  # functions kept, by own time (a GPT-2 step under FSDP() calls ~530)
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.profiler: Any = None
+        self.summary: dict[str, Any] | None = None
+
+    def __bool__(self) -> bool:
+        return self.steps > 0
+
+    def start(self) -> None:
+        import cProfile
+
+        self.profiler = cProfile.Profile()
+        self.profiler.enable()
+
+    def stop(self) -> None:
+        import pstats
+
+        self.profiler.disable()
+        stats = pstats.Stats(self.profiler).stats  # type: ignore[attr-defined]
+        own_ms, calls = {}, {}
+        for (file, line, name), (_, count, own, _, _) in stats.items():
+            key = function_name(file, line, name)
+            own_ms[key] = own_ms.get(key, 0.0) + 1e3 * own / self.steps
+            calls[key] = calls.get(key, 0.0) + count / self.steps
+        kept = sorted(own_ms, key=lambda key: -own_ms[key])[: self.KEEP]
+        self.summary = {
+            "own_ms_total": sum(own_ms.values()),
+            "calls_total": sum(calls.values()),
+            "own_ms": {key: own_ms[key] for key in kept},
+            "calls": {key: calls[key] for key in kept},
+        }
+
+
+def function_name(file: str, line: int, name: str) -> str:
+    """``torch/optim/adam.py:348(_single_tensor_adam)``: the path from the package on."""
+    if file == "~":  # a C function
+        return name
+    for marker in ("site-packages/", "dist-packages/", "/src/", "/bench/"):
+        if marker in file:
+            file = file.rsplit(marker, 1)[1]
+            break
+    return f"{file}:{line}({name})"
 
 
 class Trace:
@@ -599,7 +683,7 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
         keep_host_busy(changes.get("host_between"))
         if clock.steps == clock.timed:
             timed_loss = float(loss.detach())
-    return clock.stop(), timed_loss, model, clock.profile(), clock.phase_times()
+    return clock.stop(), timed_loss, model, clock
 
 
 def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
@@ -654,7 +738,7 @@ def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
         model=HuggingFaceModel(model),
         optimizers=make_optimizer(model, device),
         train_dataloader=loader,
-        max_duration=f"{args.warmup + args.steps + args.trace}ba",
+        max_duration=f"{all_steps(args)}ba",
         precision="amp_bf16" if dtype is not None else "fp32",
         device=device.type,
         callbacks=[Timing()],
@@ -664,7 +748,7 @@ def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
     )
     trainer.fit()
     seconds = clock.stop()
-    return seconds, losses[-1], model, clock.profile(), clock.phase_times()
+    return seconds, losses[-1], model, clock
 
 
 def with_lightning(args: argparse.Namespace, variant: str) -> Measured:
@@ -708,7 +792,7 @@ def with_lightning(args: argparse.Namespace, variant: str) -> Measured:
     trainer = L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=1,
-        max_steps=args.warmup + args.steps + args.trace,
+        max_steps=all_steps(args),
         precision="bf16-mixed" if dtype is not None else "32-true",
         logger=False,
         enable_checkpointing=False,
@@ -717,7 +801,7 @@ def with_lightning(args: argparse.Namespace, variant: str) -> Measured:
         callbacks=[Timing()],
     )
     trainer.fit(module, loader)
-    return clock.stop(), losses[-1], model, clock.profile(), clock.phase_times()
+    return clock.stop(), losses[-1], model, clock
 
 
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -730,11 +814,12 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     if variant == "lightning":
-        seconds, loss, model, profile, phases = with_lightning(args, variant)
+        seconds, loss, model, clock = with_lightning(args, variant)
     elif variant.startswith("trainer"):
-        seconds, loss, model, profile, phases = with_trainer(args, variant)
+        seconds, loss, model, clock = with_trainer(args, variant)
     else:
-        seconds, loss, model, profile, phases = hand_written(args, variant)
+        seconds, loss, model, clock = hand_written(args, variant)
+    profile, phases, python = clock.profile(), clock.phase_times(), clock.python_profile()
     result = {
         "variant": variant,
         "tokens_per_s": args.batch * args.seq * args.steps / seconds,
@@ -747,6 +832,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         result["profile"] = profile
     if phases is not None:
         result["phases"] = phases
+    if python is not None:
+        result["python"] = python
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return result
@@ -779,6 +866,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--precision", args.precision]
     if args.trace:
         argv += ["--trace", str(args.trace)]
+    if args.pyprofile:
+        argv += ["--pyprofile", str(args.pyprofile)]
     if args.phases:
         argv.append("--phases")
     return argv
@@ -855,6 +944,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
         print(f"changed variants against their own: {ratios}")
     report_profiles(ok)
     report_phases(ok)
+    report_python(ok)
     verdict = "all targets met" if not missed else "missed: " + ", ".join(missed)
     if device == "cpu":
         verdict += " (CPU: a smoke run, not the GPU targets)"
@@ -932,6 +1022,25 @@ def report_phases(ok: dict[str, dict[str, Any]]) -> None:
             f"{name} {mine[kind][name] - theirs[kind][name]:+.2f}" for name in names
         )
         print(f"  {variant} - {baseline}, {kind.split('_')[0]} ms per step: {differences}")
+
+
+def report_python(ok: dict[str, dict[str, Any]], functions: int = 16) -> None:
+    """The --pyprofile figures: the host's Python per step, then for each pair the functions
+    whose own time per step differs most (with their calls per step)."""
+    profiled = {variant: r["python"] for variant, r in ok.items() if "python" in r}
+    if not profiled:
+        return
+    print("host Python per profiled step (first round, cProfile, main thread): own ms, calls")
+    for variant, p in profiled.items():
+        print(f"  {variant:28s} {p['own_ms_total']:9.2f} {p['calls_total']:9.0f}")
+    for variant, baseline in pairs(profiled):
+        mine, theirs = profiled[variant], profiled[baseline]
+        own = largest_differences(mine["own_ms"], theirs["own_ms"], functions, 0.0)
+        if own:
+            print(f"  {variant} - {baseline}, own ms per step by function, largest differences:")
+            for difference, name in own:
+                calls = mine["calls"].get(name, 0.0) - theirs["calls"].get(name, 0.0)
+                print(f"    {difference:+8.3f}  {calls:+7.1f} calls  {name[:100]}")
 
 
 def pairs(measured: dict[str, Any]) -> list[tuple[str, str]]:

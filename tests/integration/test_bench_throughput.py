@@ -145,7 +145,7 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     out = tmp_path / "results.json"
     command = [
         sys.executable, str(BENCH), "--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-        "--trace", "2", "--phases", "--variants",
+        "--trace", "2", "--pyprofile", "2", "--phases", "--variants",
         "eager,trainer,fsdp_wrapped,fsdp_wrapped+split_autocast+reverse_blocks+broadcast",
         "--json", str(out),
     ]  # fmt: skip
@@ -203,7 +203,16 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     assert counts["trainer"]["aten::clamp"] - counts["eager"].get("aten::clamp", 0) == 1
     report = done.stdout.split("trainer - eager, aten ops per step")[1]
     assert "+1.0  aten::clamp" in report
-    # Tracing adds steps after the timed ones; the loss reported is the last timed step's
+    # --pyprofile: the host's Python per function over 2 more steps. The Trainer's own
+    # functions run once a step, and only in the Trainer.
+    python = {v: results[v]["python"] for v in ("eager", "trainer")}
+    assert python["trainer"]["own_ms_total"] > 0 and python["trainer"]["calls_total"] > 100
+    [microbatches] = [f for f in python["trainer"]["calls"] if f.endswith("(run_microbatches)")]
+    assert microbatches.startswith("trainkit/core/_step.py:")
+    assert python["trainer"]["calls"][microbatches] == 1.0
+    assert not any(f.startswith("trainkit/") for f in python["eager"]["own_ms"])
+    assert "trainer - eager, own ms per step by function" in done.stdout
+    # Tracing and profiling add steps after the timed ones; the loss reported is the last timed step's
     # in every variant, as without --trace.
     again = subprocess.run(
         [*command[: command.index("--trace")], "--variants", "eager", "--json", str(out)],
@@ -213,5 +222,5 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     )
     assert again.returncode == 0, again.stderr[-3000:]
     [untraced] = json.loads(out.read_text())["results"]
-    assert "profile" not in untraced
+    assert "profile" not in untraced and "python" not in untraced
     assert untraced["loss"] == results["eager"]["loss"]
