@@ -272,8 +272,8 @@ def matmul_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters() if p is not position)
 
 
-# seconds, loss, model, the --trace profile, the --phases times
-Measured = tuple[float, float, Any, "Clock"]  # seconds, the last timed loss, the model
+# seconds, the last timed loss, the model, and the Clock (its profiles and phase times)
+Measured = tuple[float, float, Any, "Clock"]
 
 
 class Clock:
