@@ -492,7 +492,6 @@ class Trace:
 
     def stop(self) -> None:
         import torch
-        from torch.autograd import DeviceType
 
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -502,7 +501,7 @@ class Trace:
         device_work = [
             (event.time_range.start, event.time_range.end, event.name)
             for event in self.profiler.events()
-            if event.device_type == DeviceType.CUDA
+            if on_device(event)
         ]
         idle_us, gaps = idle_gaps(device_work)
         self.summary["idle_ms"] = idle_us / 1e3 / self.steps
@@ -526,6 +525,17 @@ def idle_gaps(
     return idle, gaps[:largest]
 
 
+def on_device(event: Any) -> bool:
+    """Whether a profiler event is work the device did: a kernel, copy or memset. The
+    profiler also puts each ``record_function`` range that encloses device work on the
+    device's timeline (FSDP's ``FSDP::pre_forward``, ``Optimizer.step#AdamW.step``), over
+    the kernels and the idle time between them: counted, those would be busy time twice
+    and hide idle gaps."""
+    from torch.autograd import DeviceType
+
+    return event.device_type == DeviceType.CUDA and not getattr(event, "is_user_annotation", False)
+
+
 def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
     """Per-step figures from a profile's ``key_averages()`` (times in ms)."""
     from torch.autograd import DeviceType
@@ -538,7 +548,9 @@ def summarise(averages: Any, wall: float, steps: int) -> dict[str, Any]:
         # FSDP's ranges name their module: under HuggingFaceModel it is one level down
         # ("model.transformer.h.0"), the same module as "transformer.h.0" of the bare model.
         key = event.key.replace("(model.", "(")
-        if event.device_type == DeviceType.CUDA:  # a kernel, copy or memset on the device
+        if event.device_type == DeviceType.CUDA:
+            if not on_device(event):
+                continue  # a range mirrored onto the device's timeline: no work of its own
             own = event.self_device_time_total / 1e3
             device_ms += own
             kernels[key] = kernels.get(key, 0.0) + own / steps

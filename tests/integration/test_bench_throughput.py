@@ -34,6 +34,40 @@ def test_idle_gaps_are_the_device_time_no_stream_was_busy():
     assert idle_gaps(work, largest=1)[1] == [(8.0, "embedding")]
 
 
+def test_ranges_the_profiler_mirrors_onto_the_device_are_not_device_work():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    bench = load_bench()
+
+    def event(key, device, own_us, annotation=False, count=1):
+        cuda = device == DeviceType.CUDA
+        return SimpleNamespace(
+            key=key, device_type=device, count=count, is_user_annotation=annotation,
+            self_device_time_total=own_us if cuda else 0.0,
+            self_cpu_time_total=0.0 if cuda else own_us,
+        )  # fmt: skip
+
+    averages = [
+        event("gemm", DeviceType.CUDA, 3000.0),
+        event("Memcpy HtoD (Pinned -> Device)", DeviceType.CUDA, 1000.0),
+        # FSDP's range around a block's forward, as the profiler puts it on the device's
+        # timeline: it spans the block's kernels and the idle time between them.
+        event("FSDP::pre_forward (model.transformer.h.0)", DeviceType.CUDA, 9000.0, True),
+        event("FSDP::pre_forward (model.transformer.h.0)", DeviceType.CPU, 500.0, True),
+        event("aten::mm", DeviceType.CPU, 200.0, count=4),
+        event("cudaLaunchKernel", DeviceType.CPU, 100.0, count=6),
+    ]
+    summary = bench.summarise(averages, wall=0.01, steps=2)
+    assert summary["device_ms"] == 2.0  # (3 + 1 ms) over 2 steps: the range not counted
+    assert summary["kernels_ms"] == {"gemm": 1.5, "Memcpy HtoD (Pinned -> Device)": 0.5}
+    # The host's own time inside the range (Python between its operators) still counts.
+    assert summary["host_ms"]["FSDP::pre_forward (transformer.h.0)"] == 0.25
+    assert (summary["launches"], summary["aten_ops"]) == (3.0, 2.0)
+    assert [bench.on_device(e) for e in averages] == [True, True, False, False, False, False]
+
+
 def test_the_report_walks_from_fsdp_to_the_trainer_one_change_at_a_time(capsys):
     bench = load_bench()
     args = bench.parse_args(["--device", "cpu", "--variants", "fsdp,trainer_fsdp,fsdp_mesh"])
