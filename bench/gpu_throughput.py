@@ -283,7 +283,8 @@ class Clock:
     def __init__(self, device: Any, args: argparse.Namespace):
         self.device, self.warmup, self.timed = device, args.warmup, args.warmup + args.steps
         self.trace = Trace(device, args.trace) if args.trace else None
-        self.python = PythonProfile(getattr(args, "pyprofile", 0)) or None
+        profiled = getattr(args, "pyprofile", 0)
+        self.python = PythonProfile(profiled) if profiled else None
         self.phases = Phases(device) if getattr(args, "phases", False) else None
         self.steps, self.started, self.ended = 0, 0.0, 0.0
 
@@ -430,9 +431,6 @@ class PythonProfile:
         self.steps = steps
         self.profiler: Any = None
         self.summary: dict[str, Any] | None = None
-
-    def __bool__(self) -> bool:
-        return self.steps > 0
 
     def start(self) -> None:
         import cProfile
@@ -944,16 +942,10 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
         print(f"lightning/eager: tokens/s {speed:.3f} (for reference)")
     steps = [(v, b) for v, b in STEPS if v in ok and b in ok]
     if steps:
-        ratios = ", ".join(
-            f"{v}/{b} {ok[v]['tokens_per_s'] / ok[b]['tokens_per_s']:.3f}" for v, b in steps
-        )
-        print(f"fsdp -> trainer_fsdp, one change at a time: {ratios}")
+        print(f"fsdp -> trainer_fsdp, one change at a time: {speed_ratios(ok, steps)}")
     changed = changed_pairs(ok)
     if changed:
-        ratios = ", ".join(
-            f"{v}/{b} {ok[v]['tokens_per_s'] / ok[b]['tokens_per_s']:.3f}" for v, b in changed
-        )
-        print(f"changed variants against their own: {ratios}")
+        print(f"changed variants against their own: {speed_ratios(ok, changed)}")
     report_profiles(ok)
     report_phases(ok)
     report_python(ok)
@@ -962,6 +954,13 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]
         verdict += " (CPU: a smoke run, not the GPU targets)"
     print(f"summary: {'; '.join(figures) or 'no pairs measured'}; {verdict}")
     return missed
+
+
+def speed_ratios(ok: dict[str, dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
+    """``"a/b 0.990, c/d 1.002"``: each pair's tokens/s ratio."""
+    return ", ".join(
+        f"{v}/{b} {ok[v]['tokens_per_s'] / ok[b]['tokens_per_s']:.3f}" for v, b in pairs
+    )
 
 
 def report_profiles(ok: dict[str, dict[str, Any]], kernels: int = 8, ops: int = 16) -> None:
