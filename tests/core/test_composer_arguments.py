@@ -2,7 +2,6 @@
 per-evaluator intervals, standalone evaluation events, close/post_close, traces, logging."""
 
 import dataclasses
-import io
 import logging
 import re
 
@@ -216,20 +215,6 @@ def test_log_traces_sends_each_algorithm_run_to_the_destinations(log_traces):
         (1, "algorithm_traces/Halve/batch_end", 1),
         (1, "algorithm_traces/Halve/after_dataloader", 7),
         (2, "algorithm_traces/Halve/batch_end", 1),
-    ]
-
-
-def test_log_to_console_prints_at_its_interval():
-    pytest.importorskip("trainkit.loggers")
-    trainer = make_trainer(log_to_console=True, console_log_interval="3ba", max_duration="8ba")
-    console = trainer.logger.destinations[-1]
-    console.stream = io.StringIO()
-    trainer.fit()
-    lines = [line for line in console.stream.getvalue().splitlines() if "loss/train" in line]
-    assert [line.split("]")[0] for line in lines] == [
-        "[epoch 0 batch 3/8",
-        "[epoch 0 batch 6/8",
-        "[epoch 0 batch 8/8",  # and always at the last batch
     ]
 
 

@@ -64,6 +64,31 @@ def test_console_is_silent_on_other_ranks(monkeypatch):
     assert out.getvalue() == ""
 
 
+def test_the_trainers_log_to_console_prints_at_its_interval():
+    # Composer's Trainer(log_to_console=True, console_log_interval=...): a ConsoleLogger
+    # the Trainer adds itself, last among the destinations.
+    trainer = Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs()),  # 8 batches of 16
+        max_duration="8ba",
+        device="cpu",
+        progress_bar=False,
+        seed=7,
+        log_to_console=True,
+        console_log_interval="3ba",
+    )
+    console = trainer.logger.destinations[-1]
+    assert isinstance(console, ConsoleLogger)
+    console.stream = io.StringIO()
+    trainer.fit()
+    lines = [line for line in console.stream.getvalue().splitlines() if "loss/train" in line]
+    assert [line.split("]")[0] for line in lines] == [
+        "[epoch 0 batch 3/8",
+        "[epoch 0 batch 6/8",
+        "[epoch 0 batch 8/8",  # and always at the last batch
+    ]
+
+
 def test_console_rejects_a_bad_interval():
     with pytest.raises(ValueError, match="is not a duration"):
         ConsoleLogger(interval="every batch")
