@@ -52,7 +52,8 @@ from trainkit.algorithms import (
     StochasticDepth,
     WeightStandardization,
 )
-from trainkit.core import Callback, Classifier, Trainer
+from trainkit.core import Callback
+from trainkit.trainer import Classifier, Trainer
 
 CLASSES = 10
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from trainkit.algorithms.alibi import Alibi, scale_sequence_length
-from trainkit.core import HuggingFaceModel, Trainer
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 HEADS, WIDTH, LAYERS = 12, 96, 2
 TRAIN_BYTES, HELD_OUT_BYTES, ROWS = 2_000_000, 32_768, 16

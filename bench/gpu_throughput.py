@@ -615,7 +615,7 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
     model.to(device)
     root = model
     if variant == "fsdp_wrapped":
-        from trainkit.core import HuggingFaceModel
+        from trainkit.trainer import HuggingFaceModel
 
         root = HuggingFaceModel(model)
     if variant.startswith("fsdp"):
@@ -665,7 +665,7 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
         batches = data.iter_epoch(0)
     watch = None
     if "loss_watch" in changes:
-        from trainkit.core._nonfinite import LossWatch
+        from trainkit.trainer._nonfinite import LossWatch
 
         watch = LossWatch()
     clock = Clock(device, args)
@@ -699,7 +699,8 @@ def hand_written(args: argparse.Namespace, variant: str) -> Measured:
 def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
     import torch
 
-    from trainkit.core import Callback, HuggingFaceModel, Trainer
+    from trainkit.core import Callback
+    from trainkit.trainer import HuggingFaceModel, Trainer
 
     variant, changes = split_variant(variant)
     device, model, loader, dtype = build(args)
@@ -709,7 +710,7 @@ def with_trainer(args: argparse.Namespace, variant: str) -> Measured:
     if "zero_after_step" in changes:  # this process only: the Trainer's call does nothing
         torch.optim.Optimizer.zero_grad = lambda self, set_to_none=True: None  # type: ignore[method-assign,assignment]
     if "no_loss_watch" in changes:
-        from trainkit.core._nonfinite import LossWatch
+        from trainkit.trainer._nonfinite import LossWatch
 
         LossWatch.update = lambda self, loss, batch: None  # type: ignore[method-assign,assignment]
 

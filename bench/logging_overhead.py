@@ -40,9 +40,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainkit.core import Classifier, DataSpec, Engine, Event, Logger, State, Time, Trainer
+from trainkit.core import DataSpec, Engine, Event, Logger, State, Time
 from trainkit.loggers import ConsoleLogger, FileLogger
 from trainkit.profiler import MemoryMonitor, Profiler, SpeedMonitor
+from trainkit.trainer import Classifier, Trainer
 
 TARGET_LOGGED = 1.03
 TARGET_PROFILER = 1.01

@@ -29,8 +29,8 @@ import torch
 from step_time import null_setup
 
 from trainkit.core import Event
-from trainkit.core import _trainer as trainer_module
-from trainkit.core._loop import start_batch
+from trainkit.trainer import _trainer as trainer_module
+from trainkit.trainer._loop import start_batch
 
 PHASES = ("start_batch", "train_batch", "optimizer_step", "finish_batch")
 

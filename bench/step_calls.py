@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainkit.core import Classifier, Trainer
+from trainkit.trainer import Classifier, Trainer
 
 
 def calls(fn: Callable[[], None]) -> int:

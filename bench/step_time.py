@@ -1,4 +1,4 @@
-"""Per-step time of `trainkit.core.Trainer` against a hand-written PyTorch loop, in one run.
+"""Per-step time of `trainkit.trainer.Trainer` against a hand-written PyTorch loop, in one run.
 
 Both train the same tiny MLP with AdamW, iterating a DataLoader over the same in-memory
 TensorDataset with the same batch size, one epoch of ``--steps`` batches per repeat. The
@@ -29,7 +29,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainkit.core import Classifier, Timestamp, Trainer
+from trainkit.core import Timestamp
+from trainkit.trainer import Classifier, Trainer
 
 TARGET_RATIO = 1.05
 

@@ -33,7 +33,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from trainkit.core.data import streaming_loader, write_mds  # noqa: E402
+from trainkit.trainer.streaming import streaming_loader, write_mds  # noqa: E402
 
 
 class Images(Dataset):

@@ -50,8 +50,8 @@ def groups() -> str:
 
 
 def trainer_config() -> str:
-    from trainkit.core import TrainerConfig
     from trainkit.core.config import field_docs, is_slot, slot_group
+    from trainkit.trainer import TrainerConfig
 
     docs = field_docs(TrainerConfig)
     lines = ["| field | kind | default | meaning |", "|---|---|---|---|"]

@@ -24,21 +24,15 @@ from torch.utils.data import DataLoader, Dataset
 from trainkit.algorithms import (
     GradientClipping,  # Composer: from composer.algorithms import GradientClipping
 )
-from trainkit.core import (
-    HuggingFaceModel,  # Composer: from composer.models import HuggingFaceModel
-    Trainer,  # Composer: from composer import Trainer
-    dist,  # Composer: from composer.utils import dist
-)
-from trainkit.core.metrics import (  # Composer: torchmetrics' MulticlassAccuracy, composer.metrics' CrossEntropy
-    Accuracy,
-    CrossEntropy,
-)
+from trainkit.core import dist
 from trainkit.loggers import (  # Composer: from composer.callbacks import LRMonitor
     FileLogger,
     LRMonitor,
 )
 from trainkit.parallel import FSDP  # Composer: (FSDP is configured by a dict, below)
 from trainkit.profiler import SpeedMonitor  # Composer: from composer.callbacks import SpeedMonitor
+from trainkit.trainer import HuggingFaceModel, Trainer
+from trainkit.trainer.metrics import Accuracy, CrossEntropy
 
 VOCAB, LENGTH, MARKER = 512, 32, 7
 

@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainkit.algorithms import BlurPool, ChannelsLast, LabelSmoothing
 
 # Composer: from composer import Trainer; from composer.models import ComposerClassifier
-from trainkit.core import Classifier, Trainer
+from trainkit.trainer import Classifier, Trainer
 
 # Composer: from composer.optim import DecoupledSGDW, MultiStepScheduler
-from trainkit.core.optim import DecoupledSGDW
-from trainkit.core.schedulers import MultiStepScheduler
+from trainkit.trainer.optim import DecoupledSGDW
+from trainkit.trainer.schedulers import MultiStepScheduler
 
 CLASSES = 10
 

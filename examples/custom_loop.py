@@ -21,9 +21,15 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainkit.algorithms import GradientClipping
 from trainkit.checkpoint import Checkpointer
 from trainkit.core import DataSpec, Engine, Event, Logger, State, Time
-from trainkit.core.loop import epoch_batches, finish_batch, finish_epoch, prepare_run, start_batch
 from trainkit.core.rng import seed_everything
 from trainkit.loggers import FileLogger
+from trainkit.trainer.loop import (
+    epoch_batches,
+    finish_batch,
+    finish_epoch,
+    prepare_run,
+    start_batch,
+)
 
 
 def build(args: argparse.Namespace) -> Engine:

@@ -15,14 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainkit.core import (
-    Callback,
-    Classifier,
-    CosineAnnealingWithWarmupScheduler,
-    Logger,
-    State,
-    Trainer,
-)
+from trainkit.core import Callback, Logger, State
+from trainkit.trainer import Classifier, CosineAnnealingWithWarmupScheduler, Trainer
 
 NUM_CLASSES = 3
 

@@ -18,7 +18,8 @@ from multirank import fork_context
 from toy import blobs, loader, mlp
 from trainkit.checkpoint import Checkpointer, _write
 from trainkit.checkpoint._commit import TMP_PREFIX
-from trainkit.core import Callback, ParallelStrategy, Trainer, dist
+from trainkit.core import Callback, ParallelStrategy, dist
+from trainkit.trainer import Trainer
 
 
 class KillAt(Callback):

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from trainkit.core import Classifier, TrainModel
+from trainkit.core import TrainModel
+from trainkit.trainer import Classifier
 
 
 def blobs(n: int = 128, features: int = 8, seed: int = 0) -> TensorDataset:

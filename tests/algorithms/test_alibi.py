@@ -19,7 +19,8 @@ from trainkit.algorithms.alibi import (
     apply_alibi,
     scale_sequence_length,
 )
-from trainkit.core import Callback, HuggingFaceModel, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 transformers = pytest.importorskip("transformers")
 

@@ -18,7 +18,8 @@ from trainkit.algorithms import (
     augmix_image,
 )
 from trainkit.algorithms.augmix import sample_level
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def image(seed=0):

@@ -15,7 +15,8 @@ from trainkit.algorithms import (
     apply_blurpool,
     blur_2d,
 )
-from trainkit.core import Classifier, Trainer, plugins
+from trainkit.core import plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def cnn():

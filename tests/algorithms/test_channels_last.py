@@ -13,7 +13,8 @@ from trainkit.algorithms import (
     apply_squeeze_excite,
     apply_stochastic_depth,
 )
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def cnn():

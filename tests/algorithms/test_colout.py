@@ -10,7 +10,8 @@ from torchvision.datasets import FakeData
 
 from toy import loader
 from trainkit.algorithms import ColOut, ColOutConfig, ColOutTransform, colout_batch
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def coded(n=2, h=20, w=10):

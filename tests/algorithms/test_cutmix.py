@@ -9,7 +9,8 @@ from torch.utils.data import TensorDataset
 
 from toy import loader
 from trainkit.algorithms import CutMix, CutMixConfig, cutmix_batch, random_box
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def test_cutmix_batch_pastes_the_box_and_reports_its_area():

@@ -7,7 +7,8 @@ from torch.utils.data import TensorDataset
 
 from toy import loader
 from trainkit.algorithms import CutOut, CutOutConfig, cutout_batch
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def zero_box(image):

@@ -11,7 +11,8 @@ from trainkit.algorithms import (
     ThresholdStopper,
     ThresholdStopperConfig,
 )
-from trainkit.core import Classifier, Trainer, plugins
+from trainkit.core import plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 class Scripted:

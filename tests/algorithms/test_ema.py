@@ -8,7 +8,8 @@ import torch
 
 from toy import blobs, flat_params, loader, mlp
 from trainkit.algorithms import EMA, EMAConfig
-from trainkit.core import Callback, Trainer
+from trainkit.core import Callback
+from trainkit.trainer import Trainer
 
 
 class Snapshots(Callback):

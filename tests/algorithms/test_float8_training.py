@@ -23,7 +23,8 @@ from trainkit.algorithms import (
     float8_eligible,
 )
 from trainkit.algorithms import float8_training as float8_module
-from trainkit.core import Callback, Classifier, Trainer, TrainModel, plugins
+from trainkit.core import Callback, TrainModel, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def net(seed=0):

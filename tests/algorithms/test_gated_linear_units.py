@@ -12,7 +12,8 @@ from trainkit.algorithms import (
     GatedLinearUnitsConfig,
     apply_gated_linear_units,
 )
-from trainkit.core import HuggingFaceModel, Trainer, plugins
+from trainkit.core import plugins
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 transformers = pytest.importorskip("transformers")
 

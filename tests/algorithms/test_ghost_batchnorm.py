@@ -12,7 +12,8 @@ from trainkit.algorithms import (
     GhostBatchNormLayer,
     apply_ghost_batchnorm,
 )
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def net():

@@ -16,7 +16,8 @@ from torchao.float8.float8_linear import Float8Linear
 
 from parallel.helpers import Tokens
 from trainkit.algorithms import Float8Training
-from trainkit.core import Callback, HuggingFaceModel, Trainer
+from trainkit.core import Callback
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 pytestmark = pytest.mark.gpu
 

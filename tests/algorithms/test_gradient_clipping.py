@@ -6,7 +6,8 @@ from torch import nn
 
 from toy import blobs, loader, mlp
 from trainkit.algorithms import GradientClipping, apply_gradient_clipping
-from trainkit.core import Callback, Trainer
+from trainkit.core import Callback
+from trainkit.trainer import Trainer
 
 
 def model_with_grads(scale=100.0):

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 
 from toy import blobs, loader, mlp
 from trainkit.algorithms import LabelSmoothing, LabelSmoothingConfig, smooth_labels
-from trainkit.core import Callback, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Trainer
 
 
 def test_smooth_labels_of_indices_and_of_probabilities():

@@ -10,8 +10,9 @@ from torch import nn
 from toy import blobs, loader
 from trainkit.algorithms import LayerFreezing, LayerFreezingConfig, freeze_layers, frozen_fraction
 from trainkit.algorithms.layer_freezing import frozen_count
-from trainkit.core import Callback, Classifier, Trainer, plugins
-from trainkit.core.optim import DecoupledAdamW
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
+from trainkit.trainer.optim import DecoupledAdamW
 
 
 def deep(seed=0):

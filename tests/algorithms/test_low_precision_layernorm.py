@@ -13,7 +13,8 @@ from trainkit.algorithms import (
     LPLayerNorm,
     apply_low_precision_layernorm,
 )
-from trainkit.core import Callback, Classifier, Engine, Event, Logger, State, Trainer, plugins
+from trainkit.core import Callback, Engine, Event, Logger, State, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def net():

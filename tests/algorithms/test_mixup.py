@@ -7,7 +7,8 @@ from torch import nn
 
 from toy import blobs, loader, mlp
 from trainkit.algorithms import MixUp, MixUpConfig, mixup_batch
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def test_mixup_batch_mixes_inputs_and_permutes_targets():

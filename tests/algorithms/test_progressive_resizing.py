@@ -13,7 +13,8 @@ from trainkit.algorithms import (
     resized_size,
     resizing_scale,
 )
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def test_schedule():

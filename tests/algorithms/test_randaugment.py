@@ -20,7 +20,8 @@ from trainkit.algorithms import (
     randaugment_image,
 )
 from trainkit.algorithms._image_ops import ALL_OPS, apply_op, pil_ops
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def image(seed=0, size=16):

@@ -15,8 +15,9 @@ from trainkit.algorithms import (
     SAMConfig,
     sam_gradient,
 )
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, Event, Logger, State, plugins
 from trainkit.core.precision import MixedPrecision
+from trainkit.trainer import Classifier, Trainer
 
 
 def data(n=8):
@@ -204,6 +205,20 @@ def test_functional_form_restores_the_weights_exactly():
 def test_guards():
     with pytest.raises(ValueError, match="SAM found no gradients"):
         sam_gradient(nn.Linear(2, 2), lambda: None)
+
+
+def test_a_loop_that_offers_no_replay_is_told_what_sam_needs():
+    net = model()
+    x, y = data().tensors
+    state = State(model=net, optimizers=[torch.optim.SGD(net.parameters(), lr=0.1)])
+    state.batch = (x, y)
+    F.cross_entropy(net(state.batch), y).backward()
+    sam = SAM(rho=0.05)
+    logger = Logger([], state)
+    sam.apply(Event.BEFORE_TRAIN_BATCH, state, logger)
+    assert state.replay_step is None  # a hand-written loop that did not set it
+    with pytest.raises(ValueError, match=r"SAM replays the step through state\.replay_step"):
+        sam.apply(Event.AFTER_TRAIN_BATCH, state, logger)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ from trainkit.algorithms import (
     should_select,
 )
 from trainkit.algorithms.selective_backprop import downscale, selection_probabilities
-from trainkit.core import Callback, Classifier, Engine, Event, Logger, State, Trainer, plugins
+from trainkit.core import Callback, Engine, Event, Logger, State, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def test_rank_weights_are_the_loss_percentile_to_the_power_one_over_keep_minus_one():

@@ -12,7 +12,8 @@ from trainkit.algorithms import (
     set_batch_sequence_length,
     warmup_sequence_length,
 )
-from trainkit.core import Callback, Trainer, TrainModel, plugins
+from trainkit.core import Callback, TrainModel, plugins
+from trainkit.trainer import Trainer
 
 
 class Tokens(Dataset):

@@ -15,7 +15,8 @@ from trainkit.algorithms import (
     SqueezeExciteConv2d,
     apply_squeeze_excite,
 )
-from trainkit.core import Classifier, Trainer, plugins
+from trainkit.core import plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def cnn():

@@ -16,7 +16,8 @@ from trainkit.algorithms import (
     StochasticDepthConfig,
     apply_stochastic_depth,
 )
-from trainkit.core import Callback, Classifier, Trainer, plugins
+from trainkit.core import Callback, plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 class Residual(nn.Module):

@@ -11,8 +11,9 @@ from torch.optim.swa_utils import SWALR
 from toy import blobs, flat_params, loader, mlp
 from trainkit.algorithms import SWA, SWAConfig, recompute_batchnorm
 from trainkit.algorithms.swa import swa_learning_rate
-from trainkit.core import Algorithm, Callback, Classifier, Event, Trainer, plugins
-from trainkit.core.schedulers import LinearScheduler
+from trainkit.core import Algorithm, Callback, Event, plugins
+from trainkit.trainer import Classifier, Trainer
+from trainkit.trainer.schedulers import LinearScheduler
 
 
 class Record(Algorithm):

@@ -12,7 +12,8 @@ from trainkit.algorithms import (
     WeightStandardizationConfig,
     apply_weight_standardization,
 )
-from trainkit.core import Classifier, Trainer, plugins
+from trainkit.core import plugins
+from trainkit.trainer import Classifier, Trainer
 
 
 def cnn():

@@ -37,7 +37,8 @@ from trainkit.checkpoint import (
     load_torch_file,
 )
 from trainkit.checkpoint import _composer as composer_module
-from trainkit.core import Algorithm, HuggingFaceModel, Trainer
+from trainkit.core import Algorithm
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 
 def composer_timestamp(state) -> dict:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from toy import blobs, loader, mlp
 from trainkit.checkpoint import Checkpointer, export, export_checkpoint
 from trainkit.checkpoint._cli import main as checkpoint_cli
-from trainkit.core import HuggingFaceModel, Trainer
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")

@@ -10,7 +10,8 @@ from torch.distributed.fsdp import fully_shard
 from multirank import run_ranks
 from toy import blobs, loader, mlp
 from trainkit.checkpoint import ExportOnFitEnd, ExportOnFitEndConfig
-from trainkit.core import HuggingFaceModel, ParallelStrategy, Trainer, dist, plugins
+from trainkit.core import ParallelStrategy, dist, plugins
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")

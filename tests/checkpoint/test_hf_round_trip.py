@@ -17,7 +17,7 @@ from trainkit.checkpoint import (
 )
 from trainkit.checkpoint._cli import main as checkpoint_cli
 from trainkit.checkpoint._manifest import hash_file
-from trainkit.core import HuggingFaceModel, Trainer
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

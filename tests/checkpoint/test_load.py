@@ -7,7 +7,7 @@ from torch import nn
 from ckpt_runs import trainer
 from toy import flat_params, mlp
 from trainkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from trainkit.core import Classifier
+from trainkit.trainer import Classifier
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from trainkit.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainkit.core import Algorithm, CallbackError, Trainer
+from trainkit.core import Algorithm, CallbackError
+from trainkit.trainer import Trainer
 
 
 def test_save_weights_only_saves_the_model_and_nothing_else(tmp_path):

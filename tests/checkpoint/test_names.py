@@ -8,7 +8,8 @@ from ckpt_runs import sharded_trainer, trainer
 from multirank import run_ranks
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import Checkpointer, CheckpointerConfig, list_checkpoints
-from trainkit.core import CallbackError, Timestamp, Trainer
+from trainkit.core import CallbackError, Timestamp
+from trainkit.trainer import Trainer
 
 
 def named_run(folder, run_name, **checkpointer):

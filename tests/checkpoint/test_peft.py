@@ -14,7 +14,8 @@ from trainkit.checkpoint import (
     list_checkpoints,
     load_checkpoint,
 )
-from trainkit.core import Callback, HuggingFaceModel, Trainer
+from trainkit.core import Callback
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")

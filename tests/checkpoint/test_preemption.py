@@ -21,7 +21,8 @@ import torch
 from ckpt_runs import in_child_with_reply, writes_into
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import Checkpointer, _write, list_checkpoints
-from trainkit.core import PREEMPTED_EXIT_CODE, Callback, Trainer, TrainingPreempted
+from trainkit.core import PREEMPTED_EXIT_CODE, Callback, TrainingPreempted
+from trainkit.trainer import Trainer
 
 BATCHES = 24  # 3 epochs of 8 batches
 LAG = 2  # on several ranks, all stop this many batches after the signal (docs/architecture.md)
@@ -49,7 +50,7 @@ def _trainer(folder, *, callbacks=(), grace=120.0, signals=None, **checkpointer)
 
 class SignalAt(Callback):
     """Sends ``sig`` to this thread at the end of batch ``batch`` (on ``rank`` only); the
-    handler has run before ``raise_signal`` returns (see tests/core/test_preemption.py)."""
+    handler has run before ``raise_signal`` returns (see tests/trainer/test_preemption.py)."""
 
     def __init__(self, batch, sig, rank=None):
         self.batch, self.sig, self.rank = batch, sig, rank

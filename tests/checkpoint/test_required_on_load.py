@@ -14,7 +14,8 @@ from trainkit.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainkit.core import Algorithm, CallbackError, Trainer
+from trainkit.core import Algorithm, CallbackError
+from trainkit.trainer import Trainer
 
 
 class Reshape(Algorithm):

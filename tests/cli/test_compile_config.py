@@ -4,7 +4,7 @@ import pytest
 
 from trainkit.cli._build import build_run
 from trainkit.cli._config import ConfigError, load_config
-from trainkit.core import Trainer
+from trainkit.trainer import Trainer
 
 TINY = """\
 model: {name: tiny_gpt2, n_layer: 1, n_head: 2, n_embd: 32, n_positions: 32}
@@ -21,7 +21,7 @@ def _config(tmp_path, compile_setting: str, overrides=()):
 
 
 def test_compile_from_yaml_compiles_the_model(tmp_path):
-    # Training compiled is tested in tests/core/test_compile.py (a GPT-2 compiles slowly).
+    # Training compiled is tested in tests/trainer/test_compile.py (a GPT-2 compiles slowly).
     config = _config(tmp_path, "compile: {backend: aot_eager, dynamic: false}")
     assert config.trainer["compile"] == {"backend": "aot_eager", "dynamic": False}
     trainer = Trainer(build_run(config).config)

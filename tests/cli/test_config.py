@@ -18,8 +18,9 @@ from trainkit.cli._config import (
     sections,
 )
 from trainkit.cli._plan import WarmupCosine, choose_plan, default_config
-from trainkit.core import TrainerConfig, plugins
+from trainkit.core import plugins
 from trainkit.core.config import Configurable, field_docs, settings, slot, slot_group, slots
+from trainkit.trainer import TrainerConfig
 
 TINY_MODEL = "model: {name: tiny_gpt2, n_layer: 1, n_head: 2, n_embd: 32, n_positions: 32}\n"
 TINY_DATA = (
@@ -50,7 +51,7 @@ def test_defaults_and_overrides(tmp_path):
 
 def test_eval_microbatch_size_from_yaml_reaches_the_evaluators(tmp_path):
     from trainkit.cli._build import build_run
-    from trainkit.core import Trainer
+    from trainkit.trainer import Trainer
 
     path = write(tmp_path, BASE + "trainer: {max_duration: 1ba, device: cpu}\n")
     for value, expected in (("auto", (None, True)), ("4", (4, False))):
@@ -146,7 +147,7 @@ def test_overrides_into_missing_null_and_named_sections():
         ),
         (
             "model: {name: resnet9000}",
-            r"model: unknown name 'resnet9000'; installed in trainkit\.models: tiny_gpt2",
+            r"model: unknown name 'resnet9000'; installed in trainkit\.models: huggingface, tiny_gpt2",
         ),
         (
             "optimizer: {lr: 0.1}",
@@ -209,8 +210,8 @@ def test_missing_sections_name_what_is_installed(tmp_path):
         load_config(write(tmp_path, "trainer: {seed: 1}\n"))
     message = str(info.value)
     assert (
-        "model: required, not given; name one of the installed trainkit.models: tiny_gpt2"
-        in message
+        "model: required, not given; name one of the installed trainkit.models: huggingface, "
+        "tiny_gpt2" in message
     )
     assert (
         "data: required, not given; name one of the installed trainkit.data: stdlib_text" in message

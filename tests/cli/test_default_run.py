@@ -23,7 +23,6 @@ from multirank import run_ranks
 from trainkit.cli import _plan, _train, main
 from trainkit.cli._config import load_config
 from trainkit.cli._default import (
-    BitsPerByte,
     HeldOutWindows,
     compressor_baselines,
     python_sources,
@@ -39,7 +38,6 @@ from trainkit.cli._plan import (
     share_cores,
 )
 from trainkit.core import Time, Timestamp, plugins
-from trainkit.core.metrics import CrossEntropy
 
 has_generate = "generate" in plugins.available("trainkit.callbacks")
 
@@ -264,13 +262,15 @@ def test_compressor_baselines_are_on_the_scored_bytes():
     assert baselines["xz -9"] == pytest.approx(len(lzma.compress(data, preset=9)) * 8 / len(data))
 
 
-def test_bits_per_byte_is_the_cross_entropy_in_bits():
+def test_the_default_model_reports_bits_per_byte_as_its_cross_entropy_in_bits():
+    model = tiny_gpt2(n_layer=1, n_head=2, n_embd=32, n_positions=32)
+    metrics = model.get_metrics(is_train=False)
     logits, target = torch.randn(2, 5, 256), torch.randint(0, 256, (2, 5))
     target[0, 0] = -100
-    bits, nats = BitsPerByte(), CrossEntropy()
-    bits.update(logits, target)
-    nats.update(logits, target)
-    assert bits.compute() == pytest.approx(nats.compute() / math.log(2))
+    for metric in metrics.values():
+        metric.update(logits, target)
+    bits, nats = metrics["bits_per_byte"].compute(), metrics["cross_entropy"].compute()
+    assert bits == pytest.approx(nats / math.log(2))
 
 
 def test_the_default_model_trains_without_a_warning_from_transformers():

@@ -11,9 +11,9 @@ def test_plugins_lists_groups_with_distributions(capsys):
     assert "tiny_gpt2" in out and "[trainkit-cli]" in out
     assert "trainkit.commands (" in out
     schedulers = len(plugins.available("trainkit.schedulers"))
-    assert f"trainkit.schedulers ({schedulers})" in out and "trainkit.core.schedulers:" in out
+    assert f"trainkit.schedulers ({schedulers})" in out and "trainkit.trainer.schedulers:" in out
     assert "trainkit.optimizers (" in out and "torch.optim:AdamW" in out
-    assert "[trainkit-core]" in out
+    assert "[trainkit-trainer]" in out
 
 
 def test_no_command_prints_help(capsys):

@@ -9,7 +9,8 @@ import pytest
 from trainkit.cli import main
 from trainkit.cli._build import build_run
 from trainkit.cli._config import ConfigError, load_config
-from trainkit.core import Trainer, plugins
+from trainkit.core import plugins
+from trainkit.trainer import Trainer
 
 TINY = """\
 model: {name: tiny_gpt2, n_layer: 1, n_head: 2, n_embd: 32, n_positions: 32}

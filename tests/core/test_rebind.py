@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainkit.core.loop import rebind_optimizers
+from trainkit.core import rebind_optimizers
 
 
 def stepped(model):

@@ -1,5 +1,5 @@
 """bench/gpu_throughput.py on CPU: the figures it compares, and --trace's profile of the
-steps after the timed ones (the GPU figures: tests/core/test_gpu_training.py)."""
+steps after the timed ones (the GPU figures: tests/trainer/test_gpu_training.py)."""
 
 import importlib.util
 import json
@@ -134,7 +134,7 @@ def test_changes_move_the_work_and_keep_the_training(monkeypatch):
     bench = load_bench()
     import torch
 
-    from trainkit.core._nonfinite import LossWatch
+    from trainkit.trainer._nonfinite import LossWatch
 
     # The Trainer's changes patch these for their (fresh) process: restored after the test.
     monkeypatch.setattr(LossWatch, "update", LossWatch.update)
@@ -263,7 +263,7 @@ def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     python = {v: results[v]["python"] for v in ("eager", "trainer")}
     assert python["trainer"]["own_ms_total"] > 0 and python["trainer"]["calls_total"] > 100
     [microbatches] = [f for f in python["trainer"]["calls"] if f.endswith("(run_microbatches)")]
-    assert microbatches.startswith("trainkit/core/_step.py:")
+    assert microbatches.startswith("trainkit/trainer/_step.py:")
     assert python["trainer"]["calls"][microbatches] == 1.0
     assert not any(f.startswith("trainkit/") for f in python["eager"]["own_ms"])
     assert "trainer - eager, own ms per step by function" in done.stdout

@@ -11,8 +11,8 @@ import torch
 from toy import blobs, loader, mlp
 from trainkit.checkpoint import list_checkpoints
 from trainkit.cli import main
-from trainkit.core import Trainer
 from trainkit.loggers import MLflowLogger
+from trainkit.trainer import Trainer
 
 
 def _files(root: Path) -> dict[str, bytes]:

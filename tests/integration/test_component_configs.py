@@ -28,7 +28,7 @@ from trainkit.cli._build import build_run
 from trainkit.cli._config import ConfigError, load_config, sections
 from trainkit.cli._print import is_yaml_value
 from trainkit.cli._schema import field_default, field_types
-from trainkit.core import Time, Trainer, TrainerConfig, plugins
+from trainkit.core import Time, plugins
 from trainkit.core.config import (
     Configurable,
     field_docs,
@@ -37,6 +37,7 @@ from trainkit.core.config import (
     slot_group,
     to_plain,
 )
+from trainkit.trainer import Trainer, TrainerConfig
 
 GROUPS = (
     "trainkit.algorithms",

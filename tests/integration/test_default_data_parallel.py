@@ -14,8 +14,9 @@ import torch.distributed
 
 from multirank import run_ranks, torchrun_env
 from toy import blobs, flat_params, loader, mlp
-from trainkit.core import Callback, LinearWithWarmupScheduler, SingleProcess, Trainer, dist
+from trainkit.core import Callback, SingleProcess, dist
 from trainkit.parallel import DDP
+from trainkit.trainer import LinearWithWarmupScheduler, Trainer
 
 
 def _trainer(rank, max_duration="3ba", **kwargs):

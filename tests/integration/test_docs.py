@@ -18,8 +18,9 @@ def test_generated_docs_are_current():
 
 
 def test_every_event_and_group_is_on_the_architecture_page():
-    from trainkit.core import Event, TrainerConfig, plugins
+    from trainkit.core import Event, plugins
     from trainkit.core.config import settings, slots
+    from trainkit.trainer import TrainerConfig
 
     text = (ROOT / "docs" / "architecture.md").read_text()
     assert all(f"`{event.name}`" in text for event in Event)
@@ -27,11 +28,24 @@ def test_every_event_and_group_is_on_the_architecture_page():
     assert all(f"`{f.name}`" in text for f in [*settings(TrainerConfig), *slots(TrainerConfig)])
 
 
+def test_every_package_is_in_the_layering_table_and_the_readme():
+    import tomllib
+
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for pyproject in sorted(ROOT.glob("packages/*/pyproject.toml")):
+        folder = pyproject.parent.name
+        name = tomllib.loads(pyproject.read_text())["project"]["name"]
+        assert name == f"trainkit-{folder}"
+        assert f"| {name} | `trainkit.{folder}` |" in architecture, name
+        assert f"| [`{name}`](packages/{folder}/README.md) | `trainkit.{folder}` |" in readme, name
+
+
 def test_coming_from_composer_names_real_fields_and_files():
     import dataclasses
     import re
 
-    from trainkit.core import TrainerConfig
+    from trainkit.trainer import TrainerConfig
 
     text = (ROOT / "docs" / "coming-from-composer.md").read_text()
     fields = {f.name for f in dataclasses.fields(TrainerConfig)}

@@ -13,7 +13,7 @@ from trainkit.algorithms import (
     apply_low_precision_groupnorm,
 )
 from trainkit.checkpoint import export
-from trainkit.core import HuggingFaceModel
+from trainkit.trainer import HuggingFaceModel
 
 torchvision = pytest.importorskip("torchvision")
 transformers = pytest.importorskip("transformers")

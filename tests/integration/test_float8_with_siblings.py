@@ -12,7 +12,7 @@ from multirank import run_ranks
 from parallel.helpers import Blocks, full_weights, max_difference, to_bytes
 from toy import blobs, flat_params
 from trainkit.algorithms import Float8Training
-from trainkit.core import Trainer
+from trainkit.trainer import Trainer
 
 
 def test_checkpoint_resume_continues_exactly(tmp_path):

@@ -1,6 +1,6 @@
 """A non-finite loss on one of two ranks that train one model (DDP from trainkit-parallel,
 the default at world size 2): both stop with the error at the same batch. The one-rank
-cases are in tests/core/test_nonfinite.py, whose helpers this uses."""
+cases are in tests/trainer/test_nonfinite.py, whose helpers this uses."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from core.test_nonfinite import BadLossAt, _trainer
 from multirank import run_ranks
-from trainkit.core import NonFiniteLossError
+from trainer.test_nonfinite import BadLossAt, _trainer
+from trainkit.trainer import NonFiniteLossError
 
 
 def _two_ranks(rank, world):

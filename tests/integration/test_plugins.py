@@ -1,6 +1,6 @@
 """Entry-point discovery in trainkit-core against a real sibling's entry points (trainkit-loggers).
 
-The rest of the plugin tests use a fake group and live in tests/core/test_plugins.py: these need
+The rest of the plugin tests use a fake group and live in tests/trainer/test_plugins.py: these need
 trainkit-loggers installed, so they run only in the full dev environment.
 """
 

@@ -20,7 +20,8 @@ import torch
 from multirank import process_env
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import list_checkpoints, load_checkpoint
-from trainkit.core import PREEMPTED_EXIT_CODE, Trainer
+from trainkit.core import PREEMPTED_EXIT_CODE
+from trainkit.trainer import Trainer
 
 SCRIPT = textwrap.dedent(
     """
@@ -29,7 +30,8 @@ SCRIPT = textwrap.dedent(
     import torch
     sys.path.insert(0, {tests!r})
     from toy import blobs, loader, mlp
-    from trainkit.core import Callback, Trainer
+    from trainkit.core import Callback
+    from trainkit.trainer import Trainer
     from trainkit.checkpoint import Checkpointer
 
     class Marker(Callback):

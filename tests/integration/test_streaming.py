@@ -22,8 +22,9 @@ from torch.utils.data import Dataset
 
 from multirank import run_ranks
 from toy import flat_params
-from trainkit.core import Callback, Trainer, TrainModel
-from trainkit.core.data import write_mds
+from trainkit.core import Callback, TrainModel
+from trainkit.trainer import Trainer
+from trainkit.trainer.streaming import write_mds
 
 SAMPLES, BATCH = 96, 4  # 12 steps an epoch on two ranks, 24 on one
 SAVE_EVERY, KILL_AT = 4, 18  # the last checkpoint before the kill: step 16, epoch 1 step 4
@@ -76,7 +77,7 @@ class KillAt(Callback):
 
 
 def _train(rank, world, remote, work, tag, kill_at=None):
-    from trainkit.core.data import streaming_loader
+    from trainkit.trainer.streaming import streaming_loader
 
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),

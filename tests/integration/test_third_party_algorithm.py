@@ -6,7 +6,8 @@ Needs the example installed in the environment (a dev dependency of the workspac
 import torch
 
 from toy import blobs, loader, mlp
-from trainkit.core import Algorithm, Callback, Trainer, plugins
+from trainkit.core import Algorithm, Callback, plugins
+from trainkit.trainer import Trainer
 
 
 def test_registered_under_trainkit_algorithms_by_its_own_distribution():

@@ -7,7 +7,7 @@ import torch
 
 from toy import blobs, flat_params, loader, mlp
 from trainkit.checkpoint import Checkpointer, list_checkpoints
-from trainkit.core import Trainer
+from trainkit.trainer import Trainer
 
 
 def make(tmp_path, **kwargs):

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from toy import blobs, loader, mlp
-from trainkit.core import Callback, Trainer
+from trainkit.core import Callback
 from trainkit.loggers import ActivationMonitor, ActivationMonitorConfig, InMemoryLogger
+from trainkit.trainer import Trainer
 
 
 class RecordInputs(Callback):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from toy import blobs, loader, mlp
-from trainkit.core import Trainer
 from trainkit.loggers import ConsoleLogger, InMemoryLogger
+from trainkit.trainer import Trainer
 
 
 def _fit(*loggers, duration="2ep", **kwargs):

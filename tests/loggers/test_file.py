@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from toy import blobs, loader, mlp
-from trainkit.core import Callback, CallbackError, Trainer
+from trainkit.core import Callback, CallbackError
 from trainkit.loggers import FileLogger, FileLoggerConfig, read_jsonl
+from trainkit.trainer import Trainer
 
 
 def _trainer(tmp_path, *loggers, callbacks=(), duration="2ep", run_name="demo", **kwargs):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from multirank import run_ranks
-from trainkit.core import CallbackError, HuggingFaceModel, ParallelStrategy, Trainer, dist
+from trainkit.core import CallbackError, ParallelStrategy, dist
 from trainkit.loggers import (
     ConsoleLogger,
     FileLogger,
@@ -17,6 +17,7 @@ from trainkit.loggers import (
     TensorBoardLogger,
     read_jsonl,
 )
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

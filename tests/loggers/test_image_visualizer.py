@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainkit.core import CallbackError, Trainer, TrainModel
+from trainkit.core import CallbackError, TrainModel
 from trainkit.loggers import (
     ImageVisualizer,
     ImageVisualizerConfig,
@@ -15,6 +15,7 @@ from trainkit.loggers import (
     TensorBoardLogger,
 )
 from trainkit.loggers._image_visualizer import as_images, color_masks
+from trainkit.trainer import Trainer
 
 CLASSES = 3
 

@@ -5,8 +5,9 @@ import torch
 
 from multirank import run_ranks
 from toy import blobs, loader, mlp
-from trainkit.core import CallbackError, LinearScheduler, Trainer, TrainModel
+from trainkit.core import CallbackError, TrainModel
 from trainkit.loggers import InMemoryLogger, LRMonitor, NaNMonitor, OptimizerMonitor, l2_norms
+from trainkit.trainer import LinearScheduler, Trainer
 
 
 def _trainer(*callbacks, model=None, duration="4ba", optimizers=None, **kwargs):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from toy import blobs, loader, mlp
-from trainkit.core import Trainer
 from trainkit.loggers import CometLogger, CometLoggerConfig, NeptuneLogger, NeptuneLoggerConfig
+from trainkit.trainer import Trainer
 
 QUIET_NEPTUNE = {
     "capture_hardware_metrics": False,

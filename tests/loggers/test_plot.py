@@ -6,9 +6,10 @@ import sys
 import pytest
 
 from toy import blobs, loader, mlp
-from trainkit.core import Callback, LinearScheduler, Trainer
+from trainkit.core import Callback
 from trainkit.loggers import FileLogger, LRMonitor
 from trainkit.loggers.plot import main, plot_run
+from trainkit.trainer import LinearScheduler, Trainer
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

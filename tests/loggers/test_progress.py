@@ -5,8 +5,9 @@ import io
 import pytest
 
 from toy import blobs, loader, mlp
-from trainkit.core import Trainer, plugins
+from trainkit.core import plugins
 from trainkit.loggers import ProgressBar
+from trainkit.trainer import Trainer
 
 
 class FakeTerminal(io.StringIO):

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from toy import blobs, loader, mlp
-from trainkit.core import Trainer
 from trainkit.loggers import (
     CometLogger,
     MLflowLogger,
@@ -22,6 +21,7 @@ from trainkit.loggers import (
     WandBLogger,
     WandBLoggerConfig,
 )
+from trainkit.trainer import Trainer
 
 
 def _fit(*loggers, run_name="remote", duration="6ba"):

@@ -18,7 +18,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from toy import blobs
-from trainkit.core import Callback, HuggingFaceModel, Trainer, TrainModel
+from trainkit.core import Callback, TrainModel
+from trainkit.trainer import HuggingFaceModel, Trainer
 
 GLOBAL_BATCH = 16
 

@@ -27,9 +27,9 @@ from parallel.helpers import (
 from toy import blobs
 from trainkit.core import Callback, DataSpec, Engine, Logger, MixedPrecision, Precision, State
 from trainkit.core.dist import init_distributed
-from trainkit.core.loop import optimizer_step, train_batch
 from trainkit.parallel import FSDP, mixed_precision_policy
 from trainkit.parallel._wrap import apply_activation_checkpointing, find_blocks
+from trainkit.trainer.loop import optimizer_step, train_batch
 
 SGD = {"optimizer": "sgd"}
 BF16 = {"optimizer": "sgd", "precision": "amp_bf16"}

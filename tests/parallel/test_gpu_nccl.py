@@ -14,9 +14,10 @@ from torch.utils.data import DataLoader
 
 from parallel.helpers import Blocks, Tokens, full_weights, gpt2, max_difference
 from toy import blobs
-from trainkit.core import Callback, Trainer
+from trainkit.core import Callback
 from trainkit.core.dist import init_distributed
 from trainkit.parallel import DDP, FSDP
+from trainkit.trainer import Trainer
 
 pytestmark = pytest.mark.gpu
 

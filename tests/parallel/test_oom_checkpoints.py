@@ -1,7 +1,7 @@
 """Auto-microbatching on 2 ranks when only one rank runs out of memory, part-way through
 its forward or its backward: every rank retries together, none is left in a collective.
 
-Before the out-of-memory checkpoints (trainkit.core._oom), the rank that kept going met
+Before the out-of-memory checkpoints (trainkit.trainer._oom), the rank that kept going met
 the failed rank's vote with an FSDP all-gather or reduce-scatter, or a DDP bucket
 all-reduce: gloo aborted the process (NCCL hangs). And under DDP, an out-of-memory error
 in backward on every rank left DDP's reducer refusing the retry ("Expected to have
@@ -30,9 +30,9 @@ from parallel.helpers import (
 )
 from toy import blobs
 from trainkit.core import Evaluator
-from trainkit.core._oom import QUIET_BATCHES
-from trainkit.core.metrics import CrossEntropy
 from trainkit.parallel import DDP, FSDP
+from trainkit.trainer._oom import QUIET_BATCHES
+from trainkit.trainer.metrics import CrossEntropy
 
 STRATEGIES = {
     "ddp": DDP,

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from toy import blobs, loader, mlp
-from trainkit.core import Callback, LoggerDestination, Trainer
+from trainkit.core import Callback, LoggerDestination
 from trainkit.profiler import MemorySnapshot, OOMObserver, _memory_snapshot, _oom_observer
 from trainkit.profiler._snapshot_files import write_snapshot
+from trainkit.trainer import Trainer
 
 FAKE_SNAPSHOT = {
     "segments": [],

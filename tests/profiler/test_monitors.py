@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from toy import blobs, loader, mlp
-from trainkit.core import Callback, LoggerDestination, Trainer
+from trainkit.core import Callback, LoggerDestination
 from trainkit.profiler import (
     MemoryMonitor,
     RuntimeEstimator,
@@ -19,6 +19,7 @@ from trainkit.profiler import (
     nvml_metrics,
     peak_flops_for,
 )
+from trainkit.trainer import Trainer
 
 
 class Memory(LoggerDestination):

@@ -6,8 +6,9 @@ import pytest
 
 from multirank import run_ranks
 from toy import blobs, loader, mlp
-from trainkit.core import Callback, CallbackError, SingleProcess, Trainer
+from trainkit.core import Callback, CallbackError, SingleProcess
 from trainkit.profiler import Profiler, ProfilerConfig, merge_chrome_traces
+from trainkit.trainer import Trainer
 
 
 class Note(Callback):

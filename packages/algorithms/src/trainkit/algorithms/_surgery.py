@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.core.loop import rebind_optimizers
+from trainkit.core import rebind_optimizers
 
 __all__ = ["Policy", "check_surgery_allowed", "replace_modules"]
 
@@ -43,7 +43,7 @@ def replace_modules(
 
     Replacements take the replaced module's training mode, device and floating dtype; parameters
     they share with the old module stay the same objects. Optimizers given are re-bound
-    (`trainkit.core.loop.rebind_optimizers` with ``new_parameters="add_to_first_group"``):
+    (`trainkit.core.rebind_optimizers` with ``new_parameters="add_to_first_group"``):
     parameters that left the model are dropped, a parameter replaced under the same name
     takes its predecessor's place, and new ones join the first optimizer's first group.
     Returns ``{qualified name: new module}``.

@@ -40,9 +40,8 @@ from torch import nn
 
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import check_surgery_allowed
-from trainkit.core import Event, Logger, State
+from trainkit.core import Event, Logger, State, rebind_optimizers
 from trainkit.core.config import build_config
-from trainkit.core.loop import rebind_optimizers
 
 __all__ = [
     "Float8Training",

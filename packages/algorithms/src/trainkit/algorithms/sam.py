@@ -6,7 +6,7 @@ epsilon)``, replays the whole step there and moves back to ``w``; the optimizer 
 steps from ``w`` with the replayed gradient. No optimizer wrapper is needed, so any
 optimizer and scheduler works unchanged.
 
-The replay is the step itself, as Composer's closure is: `run_microbatches` again, with
+The replay is the step itself, as Composer's closure is: the loop's `State.replay_step`, with
 BEFORE_TRAIN_BATCH, every microbatch's forward, loss and backward events and
 AFTER_TRAIN_BATCH fired for the other algorithms (and the callbacks), so what they do to
 the inputs, targets, loss and gradients (mixup, cutmix, label smoothing, gradient
@@ -34,9 +34,8 @@ import torch
 from torch import nn
 
 from trainkit.algorithms._passes import ComposableAlgorithm
-from trainkit.core import Engine, Event, Logger, State
+from trainkit.core import Event, Logger, State
 from trainkit.core.config import build_config
-from trainkit.core.loop import run_microbatches
 from trainkit.core.rng import get_rng_state, set_rng_state
 
 __all__ = ["SAM", "SAMConfig", "sam_gradient"]
@@ -123,7 +122,6 @@ class SAM(ComposableAlgorithm, config=SAMConfig):
         super().__init__(config, **options)
         self._rng: dict[str, Any] | None = None
         self._replaying = False
-        self._engine: Engine | None = None
 
     match_events = frozenset({Event.BEFORE_TRAIN_BATCH, Event.AFTER_TRAIN_BATCH})
 
@@ -148,10 +146,12 @@ class SAM(ComposableAlgorithm, config=SAMConfig):
         )
 
     def _replay(self, state: State, logger: Logger, model: nn.Module) -> None:
-        if self._engine is None or self._engine.state is not state:
-            # The run's algorithms, passes and callbacks, on the same state: a second
-            # engine, since an algorithm is not handed the one running it.
-            self._engine = Engine(state, logger)
+        if state.replay_step is None:
+            raise ValueError(
+                "SAM replays the step through state.replay_step, which this loop does not "
+                "set; run it in trainkit-trainer's loop (prepare_run sets it), or set "
+                "state.replay_step to a function that runs the batch's forward and backward"
+            )
         kept = (state.total_loss, state.rank_loss, state.outputs, state.loss, state.train_metrics)
         buffers = [(b, b.detach().clone()) for b in model.buffers()]
         if state.precision.scales_loss:
@@ -160,7 +160,7 @@ class SAM(ComposableAlgorithm, config=SAMConfig):
         state.train_metrics = {}
         self._replaying = True
         try:
-            run_microbatches(state, self._engine)
+            state.replay_step()
         finally:
             self._replaying = False
             state.total_loss, state.rank_loss, state.outputs, state.loss, state.train_metrics = kept

@@ -38,7 +38,7 @@ from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
 from trainkit.core.config import build_config
-from trainkit.core.schedulers import as_fraction
+from trainkit.core.interval import as_fraction
 
 __all__ = [
     "StochasticBlock",

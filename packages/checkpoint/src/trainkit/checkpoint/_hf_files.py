@@ -28,7 +28,7 @@ from torch import nn
 
 from trainkit.checkpoint._confine import read_below
 from trainkit.checkpoint._errors import CheckpointError
-from trainkit.core import HuggingFaceModel
+from trainkit.core import PretrainedWrapper
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -52,17 +52,18 @@ def install_hint(package: str, extra: str) -> ImportError:
     )
 
 
-def find_hf_model(model: nn.Module) -> HuggingFaceModel | None:
-    """The `HuggingFaceModel` ``model`` is, or wraps (DDP, FSDP, ``torch.compile``), or None."""
+def find_hf_model(model: nn.Module) -> PretrainedWrapper | None:
+    """The model around a transformers model (a `PretrainedWrapper`, such as trainkit-trainer's
+    `HuggingFaceModel`) that ``model`` is, or wraps (DDP, FSDP, ``torch.compile``), or None."""
     seen = 0
-    while not isinstance(model, HuggingFaceModel) and seen < 4:
+    while not isinstance(model, PretrainedWrapper) and seen < 4:
         inner = getattr(model, "_orig_mod", None)  # torch.compile
         if inner is None:
             inner = getattr(model, "module", None)  # DDP
         if not isinstance(inner, nn.Module):
             return None
         model, seen = inner, seen + 1
-    return model if isinstance(model, HuggingFaceModel) else None
+    return model if isinstance(model, PretrainedWrapper) else None
 
 
 def _base_and_adapter(inner: nn.Module) -> tuple[nn.Module, Any]:

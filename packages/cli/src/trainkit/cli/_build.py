@@ -15,7 +15,7 @@ from trainkit.cli._config import (
     sections,
 )
 from trainkit.cli._schema import Problem, build_checked, check_dataclass
-from trainkit.core import TrainerConfig
+from trainkit.cli._trainer import trainer_config_class
 
 __all__ = ["Run", "build_run"]
 
@@ -26,7 +26,7 @@ MODEL = "model"  # the TrainerConfig slot the optimizers are built on
 class Run:
     """What `build_run` made."""
 
-    config: TrainerConfig
+    config: Any
     """The Trainer's config, every slot filled from the file."""
     checkpointer: Any | None
     """The checkpointer (also among ``config.callbacks``), or None."""
@@ -54,7 +54,9 @@ def build_run(config: RunConfig) -> Run:
         checkpointer = _build(config.checkpoint)
         callbacks = _callbacks_slot()
         filled[callbacks] = [*filled.get(callbacks, []), checkpointer]
-    trainer_config, problems = check_dataclass(TrainerConfig, config.trainer, TRAINER, filled)
+    trainer_config, problems = check_dataclass(
+        trainer_config_class(), config.trainer, TRAINER, filled
+    )
     _raise(problems)
     return Run(trainer_config, checkpointer)
 

@@ -1,7 +1,7 @@
 """The ``trainkit train`` config: YAML whose schema is derived from the components' own
 config dataclasses, so a field added to a config is settable here with no other edit.
 
-Sections (`sections` lists them, from `trainkit.core.TrainerConfig`):
+Sections (`sections` lists them, from `trainkit.trainer.TrainerConfig`):
 
 - ``trainer``: every setting field of `TrainerConfig` (``max_duration``, ``precision``,
   ``seed``, ``run_name``, ...), each checked against its type annotation and then by the
@@ -47,8 +47,9 @@ from trainkit.cli._schema import (
     unknown_field_of_factory,
     validate_settings,
 )
+from trainkit.cli._trainer import trainer_config_class
 from trainkit.cli._yaml import load as load_yaml
-from trainkit.core import TrainerConfig, plugins
+from trainkit.core import plugins
 from trainkit.core.config import (
     Configurable,
     field_docs,
@@ -77,7 +78,7 @@ CHECKPOINTER = ("trainkit.callbacks", "checkpointer")
 FILE_LOGGER = "file"
 
 
-# --- the schema, derived from TrainerConfig --------------------------------------------------
+# --- the schema, derived from the trainer's config class --------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,11 @@ class Section:
 
 def sections() -> list[Section]:
     """The component sections, in `TrainerConfig`'s order (``data`` where its first loader is)."""
-    hints, docs = field_types(TrainerConfig), field_docs(TrainerConfig)
-    data_slots = [f.name for f in slots(TrainerConfig) if slot_group(f) == DATA_GROUP]
+    config_class = trainer_config_class()
+    hints, docs = field_types(config_class), field_docs(config_class)
+    data_slots = [f.name for f in slots(config_class) if slot_group(f) == DATA_GROUP]
     result: list[Section] = []
-    for slot_field in slots(TrainerConfig):
+    for slot_field in slots(config_class):
         group = slot_group(slot_field)
         if group is None:
             continue  # filled in Python only
@@ -255,20 +257,19 @@ def validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None) 
 
 
 def _trainer_settings(given: Any, problems: list[Problem]) -> dict[str, Any]:
-    defaults = {f.name: field_default(f) for f in settings(TrainerConfig)}
+    config_class = trainer_config_class()
+    defaults = {f.name: field_default(f) for f in settings(config_class)}
     if given is None:
         given = {}
     if not isinstance(given, Mapping):
         problems.append(Problem(TRAINER, f"must be a mapping of fields, got {given!r}"))
         return defaults
-    values, found = validate_settings(
-        TrainerConfig, given, TRAINER, "the trainer", with_slots=False
-    )
+    values, found = validate_settings(config_class, given, TRAINER, "the trainer", with_slots=False)
     problems += found
     if not found:
         # The dataclass's own checks, with stand-ins for the objects built later.
-        stand_ins = {f.name: None for f in slots(TrainerConfig) if field_default(f) is MISSING}
-        _, found = check_dataclass(TrainerConfig, values, TRAINER, stand_ins, lenient=True)
+        stand_ins = {f.name: None for f in slots(config_class) if field_default(f) is MISSING}
+        _, found = check_dataclass(config_class, values, TRAINER, stand_ins, lenient=True)
         problems += found
     return {**defaults, **values}
 

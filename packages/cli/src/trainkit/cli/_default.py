@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import lzma
-import math
 import re
 import sysconfig
 import zlib
@@ -21,11 +20,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainkit.core import HuggingFaceModel
-from trainkit.core.metrics import CrossEntropy
+from trainkit.core import TrainModel, plugins
 
 __all__ = [
-    "BitsPerByte",
     "HeldOutWindows",
     "byte_tokenizer",
     "compressor_baselines",
@@ -46,14 +43,14 @@ def tiny_gpt2(
     n_embd: int = 128,
     n_positions: int = 128,
     dropout: float = 0.0,
-) -> HuggingFaceModel:
+) -> TrainModel:
     """A randomly initialised GPT-2 over bytes (about 0.43M parameters by default), with a
     byte tokenizer (for `Generate`) and ``bits_per_byte`` among its eval metrics.
 
     ``dropout`` is 0 by default (transformers' GPT-2 uses 0.1): a model trained for
     minutes sees each byte about once and gains nothing from it.
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config
 
     config = GPT2Config(
         vocab_size=VOCAB,
@@ -68,19 +65,18 @@ def tiny_gpt2(
         eos_token_id=None,
     )
     config.loss_type = "ForCausalLM"  # set after construction: the constructor drops it
-    model = GPT2LMHeadModel(config)
+    # trainkit-trainer's HuggingFaceModel and metrics, by entry point (the CLI imports only
+    # core); one token is one byte, so bits per token is bits per byte.
+    metrics = {
+        "cross_entropy": plugins.load("trainkit.metrics", "cross_entropy")(),
+        "bits_per_byte": plugins.load("trainkit.metrics", "bits_per_token")(),
+    }
+    from_config = plugins.load("trainkit.models", "huggingface")
+    wrapped = from_config(config, tokenizer=byte_tokenizer(), eval_metrics=metrics)
     # transformers 5 reads the loss from the model, which takes it from its class name:
     # "GPT2LMHeadModel" names none, and every run would warn that the loss is unrecognised.
-    model.loss_type = "ForCausalLM"
-    metrics = {"cross_entropy": CrossEntropy(), "bits_per_byte": BitsPerByte()}
-    return HuggingFaceModel(model, tokenizer=byte_tokenizer(), eval_metrics=metrics)
-
-
-class BitsPerByte(CrossEntropy):
-    """Mean cross-entropy in bits (one token is one byte, so this is bits per byte)."""
-
-    def compute(self) -> torch.Tensor:
-        return super().compute() / math.log(2)
+    wrapped.model.loss_type = "ForCausalLM"
+    return wrapped
 
 
 def byte_tokenizer() -> Any:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from trainkit.cli._config import CHECKPOINT, TRAINER, Component, sections
-from trainkit.core import Time, TrainerConfig
+from trainkit.cli._trainer import trainer_config_class
+from trainkit.core import Time
 from trainkit.core.config import field_docs, to_plain
 
 if TYPE_CHECKING:
@@ -64,8 +65,8 @@ def config_yaml(config: RunConfig) -> str:
         lines += _mapping(config.checkpoint.fields(), 2)
 
     lines.append("")
-    lines += _comment("The Trainer's settings (trainkit.core.TrainerConfig).", 0)
-    docs = field_docs(TrainerConfig)
+    lines += _comment("The Trainer's settings (trainkit.trainer.TrainerConfig).", 0)
+    docs = field_docs(trainer_config_class())
     lines.append(f"{TRAINER}:")
     lines += _mapping([(k, v, docs.get(k, "")) for k, v in config.trainer.items()], 2)
     return "\n".join(lines) + "\n"

@@ -25,7 +25,8 @@ import torch
 from trainkit.cli._build import build_run
 from trainkit.cli._config import load_config
 from trainkit.cli._plan import Plan, default_config, preset, share_cores
-from trainkit.core import Callback, Trainer, dist, plugins
+from trainkit.cli._trainer import trainer_class
+from trainkit.core import Callback, dist, plugins
 
 __all__ = ["add_parser", "run"]
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(config.to_yaml())
     run = build_run(config)
-    trainer = Trainer(run.config)
+    trainer = trainer_class()(run.config)
     _say_where(trainer, run_dir, run.checkpointer, config.notes)
     first_step = _time_first_step(trainer, started)
     trainer.fit()
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_where(trainer: Trainer, run_dir: Path, checkpointer: Any, notes: list[str]) -> None:
+def _say_where(trainer: Any, run_dir: Path, checkpointer: Any, notes: list[str]) -> None:
     if dist.get_rank() != 0:
         return
     if checkpointer is not None and checkpointer.loaded_from is not None:
@@ -102,7 +103,7 @@ def _say_where(trainer: Trainer, run_dir: Path, checkpointer: Any, notes: list[s
     print(f"run directory: {run_dir}", flush=True)
 
 
-def _time_first_step(trainer: Trainer, started: float) -> list[float]:
+def _time_first_step(trainer: Any, started: float) -> list[float]:
     seen: list[float] = []
 
     class FirstStep(Callback):
@@ -133,7 +134,7 @@ def _start_default(plan: Plan, max_duration: str, overrides: Sequence[str]) -> P
 
 
 def _finish(
-    trainer: Trainer, run_dir: Path, results: dict, model_name: str, first_step: list[float]
+    trainer: Any, run_dir: Path, results: dict, model_name: str, first_step: list[float]
 ) -> None:
     summary = "  ".join(f"{k}: {float(v):.4f}" for k, v in results.items())
     if first_step:
@@ -162,7 +163,7 @@ def _finish(
             trainer.logger.upload_file(path.name, path, overwrite=True)
 
 
-def _compare_with_compressors(trainer: Trainer, results: dict) -> None:
+def _compare_with_compressors(trainer: Any, results: dict) -> None:
     """Held-out bits/byte beside gzip -9 and xz -9 on the same bytes (logged too)."""
     from trainkit.cli._default import HeldOutWindows, compressor_baselines
 
@@ -184,7 +185,7 @@ def _compare_with_compressors(trainer: Trainer, results: dict) -> None:
     )
 
 
-def _sample(trainer: Trainer, model_name: str) -> str | None:
+def _sample(trainer: Any, model_name: str) -> str | None:
     """The `Generate` callback's latest text (prompt and continuation), or for a byte-level
     model run without it, a sample drawn now."""
     if "generate" in plugins.available("trainkit.callbacks"):

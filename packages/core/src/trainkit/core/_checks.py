@@ -9,13 +9,17 @@ from collections.abc import Collection
 from typing import Any
 
 from trainkit.core._callback import ORDERS, Algorithm, Callback
+from trainkit.core._destination import LoggerDestination
 from trainkit.core._event import Event
-from trainkit.core._logger import LoggerDestination
 
 __all__ = ["check_algorithm", "check_destination", "check_listener", "declared_required_events"]
 
 _EVENT_NAMES = tuple(event.value for event in Event)
-_CONTRACT_MODULES = ("trainkit.core._callback", "trainkit.core._logger", "trainkit.core.config")
+_CONTRACT_MODULES = (
+    "trainkit.core._callback",
+    "trainkit.core._destination",
+    "trainkit.core.config",
+)
 
 
 def check_algorithm(algorithm: object) -> None:

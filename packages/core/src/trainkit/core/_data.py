@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -10,7 +11,14 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from trainkit.core import dist
-from trainkit.core._data_position import DataPosition, ReplayPosition, position_for
+from trainkit.core._data_position import (
+    DataPosition,
+    LoaderState,
+    ReplayPosition,
+    SamplerPosition,
+    StatefulLoader,
+)
+from trainkit.core._streaming import StreamingPosition
 
 __all__ = [
     "DataSpec",
@@ -260,6 +268,23 @@ class DataSpec:
         self._live: tuple[int, list[int], Iterator[Batch]] | None = None
         self._length: int | object | None = _UNKNOWN
 
+    @classmethod
+    def coerce(cls, data: Any, what: str) -> DataSpec:
+        """``data`` as a `DataSpec`: itself, or a `DataLoader` / re-iterable of batches
+        wrapped in one; ``what`` names it in errors (an empty or non-iterable ``data``)."""
+        if isinstance(data, DataSpec):
+            spec = data
+        elif isinstance(data, Iterable):
+            spec = cls(data)
+        else:
+            raise TypeError(
+                f"{what} must be a DataLoader, an iterable of batches or a DataSpec, got "
+                f"{type(data).__name__}"
+            )
+        if spec.length == 0:
+            raise ValueError(f"{what} is empty (len() == 0); give it at least one batch")
+        return spec
+
     def __len__(self) -> int:
         """Batches per epoch. Raises `TypeError` when the iterable has no length."""
         return len(self.dataloader)  # type: ignore[arg-type]
@@ -391,3 +416,26 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
+
+
+def position_for(loader: Iterable[Batch]) -> DataPosition:
+    """The position that fits ``loader`` (`trainkit.core._data_position`'s docstring says how
+    it is chosen)."""
+    if _holds_streaming_dataset(loader):
+        return StreamingPosition()
+    if isinstance(loader, StatefulLoader):
+        return LoaderState()
+    if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+        return SamplerPosition()
+    return ReplayPosition()
+
+
+def _holds_streaming_dataset(loader: Any) -> bool:
+    # No import: a StreamingDataset exists only if its module was imported already.
+    streaming = sys.modules.get("streaming")
+    dataset_class = getattr(streaming, "StreamingDataset", None)
+    return (
+        dataset_class is not None
+        and isinstance(loader, DataLoader)
+        and isinstance(loader.dataset, dataset_class)
+    )

@@ -20,7 +20,6 @@ import array
 import hashlib
 import itertools
 import operator
-import sys
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
@@ -39,7 +38,6 @@ __all__ = [
     "ResumableBatchSampler",
     "SamplerPosition",
     "StatefulLoader",
-    "position_for",
 ]
 
 Batch = Any
@@ -381,30 +379,6 @@ class LoaderState(DataPosition):
             self._pending = state["loader"]
         else:
             self._loader.load_state_dict(state["loader"])
-
-
-def position_for(loader: Iterable[Batch]) -> DataPosition:
-    """The position that fits ``loader`` (see the module's docstring for the choice)."""
-    if _holds_streaming_dataset(loader):
-        from trainkit.core._streaming import StreamingPosition
-
-        return StreamingPosition()
-    if isinstance(loader, StatefulLoader):
-        return LoaderState()
-    if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
-        return SamplerPosition()
-    return ReplayPosition()
-
-
-def _holds_streaming_dataset(loader: Any) -> bool:
-    # No import: a StreamingDataset exists only if its module was imported already.
-    streaming = sys.modules.get("streaming")
-    dataset_class = getattr(streaming, "StreamingDataset", None)
-    return (
-        dataset_class is not None
-        and isinstance(loader, DataLoader)
-        and isinstance(loader.dataset, dataset_class)
-    )
 
 
 def _resumable_loader(loader: DataLoader, seed: int) -> tuple[DataLoader, ResumableBatchSampler]:

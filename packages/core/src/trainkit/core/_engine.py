@@ -336,7 +336,7 @@ class Engine:
                     problems.append(
                         f"{_name(component)} needs {names}, which this loop never fired, so it "
                         "cannot do its job; fire it where the Trainer does (trainkit-core README, "
-                        "'Write your own trainer')"
+                        "'The event contract')"
                     )
         for problem in problems:
             warnings.warn(problem, RuntimeWarning, stacklevel=3)

@@ -12,7 +12,7 @@ from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 if TYPE_CHECKING:
     from trainkit.core._state import State
 
-__all__ = ["IntervalTrigger", "interval_trigger"]
+__all__ = ["IntervalTrigger", "as_fraction", "interval_trigger"]
 
 IntervalTrigger = Callable[..., bool]
 """A ``(state: State, event: Event) -> bool``: does the interval fire now? (Written with
@@ -78,4 +78,30 @@ def _ends_mid_epoch(state: State) -> bool:
         and state.max_duration is not None
         and state.max_duration.unit != TimeUnit.EPOCH
         and state.timestamp.batch_in_epoch != state.dataloader_len
+    )
+
+
+def as_fraction(time: Time | str | int, state: State) -> float:
+    """``time`` as a fraction of ``state.max_duration`` (``"0.1dur"`` -> 0.1).
+
+    Raises:
+        ValueError: the two are in units that cannot be converted (e.g. samples vs epochs).
+    """
+    time = ensure_time(time, "scheduler time")
+    if time.unit == TimeUnit.DURATION:
+        return float(time.value)
+    max_duration = state.max_duration
+    if max_duration is None:
+        raise ValueError(f"scheduler time {time} needs the run's max_duration to be set")
+    if time.unit == max_duration.unit:
+        return time.value / max_duration.value
+    batches_per_epoch = state.dataloader_len
+    if batches_per_epoch is not None:
+        if time.unit == TimeUnit.EPOCH and max_duration.unit == TimeUnit.BATCH:
+            return time.value * batches_per_epoch / max_duration.value
+        if time.unit == TimeUnit.BATCH and max_duration.unit == TimeUnit.EPOCH:
+            return time.value / (max_duration.value * batches_per_epoch)
+    raise ValueError(
+        f"scheduler time {time} cannot be converted to the unit of max_duration "
+        f"{max_duration}; give it as a fraction ('0.1dur') or in {max_duration.unit.value}"
     )

@@ -1,20 +1,15 @@
-"""`TrainModel`: what the loop needs from a model, and the `Classifier` wrapper."""
+"""`TrainModel`: what the loop needs from a model; `PretrainedWrapper`: a model around a
+transformers model, as checkpointing and text generation recognise it."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from trainkit.core._metrics import Accuracy, CrossEntropy
-
-__all__ = ["Classifier", "TrainModel"]
-
-Metrics = Mapping[str, Any]
+__all__ = ["PretrainedWrapper", "TrainModel", "optional_method"]
 
 
 class TrainModel(nn.Module):
@@ -53,56 +48,21 @@ class TrainModel(nn.Module):
         metric.update(outputs, batch[1])
 
 
-class Classifier(TrainModel):
-    """Wraps a module mapping inputs to class scores; batches are ``(inputs, targets)``.
+@runtime_checkable
+class PretrainedWrapper(Protocol):
+    """A model that wraps a transformers ``PreTrainedModel`` and keeps its tokenizer.
 
-    Args:
-        module: the network; ``module(inputs)`` returns scores of shape (N, num_classes).
-        num_classes: number of classes, used to check outputs (optional).
-        loss_fn: ``(scores, targets) -> loss``; cross-entropy by default.
-        train_metrics / eval_metrics: metric objects by name (default: accuracy, and
-            cross-entropy for eval).
+    What checkpoints (the ``config.json`` saved beside the weights, export with
+    ``save_pretrained``) and text generation (the `Generate` callback) need from a model;
+    trainkit-trainer's `HuggingFaceModel` is one, and so is any module with these two
+    attributes (``isinstance(model, PretrainedWrapper)`` checks that they exist).
     """
 
-    def __init__(
-        self,
-        module: nn.Module,
-        *,
-        num_classes: int | None = None,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-        train_metrics: Metrics | None = None,
-        eval_metrics: Metrics | None = None,
-    ):
-        super().__init__()
-        if num_classes is not None and num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {num_classes}")
-        self.module = module
-        self.num_classes = num_classes
-        self.loss_fn = loss_fn
-        self._train_metrics = (
-            dict(train_metrics) if train_metrics is not None else {"accuracy": Accuracy()}
-        )
-        self._eval_metrics = (
-            dict(eval_metrics)
-            if eval_metrics is not None
-            else {"accuracy": Accuracy(), "cross_entropy": CrossEntropy()}
-        )
-
-    def forward(self, batch: Any) -> torch.Tensor:
-        inputs = batch[0] if isinstance(batch, list | tuple) else batch
-        scores = self.module(inputs)
-        if self.num_classes is not None and scores.shape[-1] != self.num_classes:
-            raise ValueError(
-                f"{type(self.module).__name__} returned scores of shape {tuple(scores.shape)}, "
-                f"but num_classes={self.num_classes}"
-            )
-        return scores
-
-    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
-        return self.loss_fn(outputs, batch[1])
-
-    def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
-        return copy.deepcopy(self._train_metrics if is_train else self._eval_metrics)
+    model: nn.Module
+    """The transformers model: it has ``config`` and ``save_pretrained`` (and, for a causal
+    language model, ``generate``)."""
+    tokenizer: Any
+    """Its tokenizer, or None."""
 
 
 def optional_method(model: nn.Module, name: str) -> Callable[..., Any] | None:

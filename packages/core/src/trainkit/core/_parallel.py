@@ -69,7 +69,7 @@ class ParallelStrategy(Configurable, abc.ABC):
         Used with auto-microbatching on several ranks while the microbatch size is being
         searched: ``checkpoint`` raises `torch.OutOfMemoryError` on every rank still
         running when another rank ran out of memory, before this rank enters a collective
-        that the failed rank will never join (see ``trainkit.core._oom``). It may be
+        that the failed rank will never join (see ``trainkit.trainer._oom``). It may be
         called from forward hooks, backward hooks and communication hooks. The default
         installs nothing: a strategy without collectives inside forward and backward.
         """

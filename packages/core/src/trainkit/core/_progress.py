@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from trainkit.core._callback import Callback
-from trainkit.core._logger import LoggerDestination
+from trainkit.core._destination import LoggerDestination
 
 if TYPE_CHECKING:
     from trainkit.core._logger import Logger

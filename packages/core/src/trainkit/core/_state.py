@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,9 +12,7 @@ from torch import nn
 
 from trainkit.core import dist
 from trainkit.core._callback import Algorithm, Stateful
-from trainkit.core._compile import RecompileWatch
 from trainkit.core._data import DataSpec
-from trainkit.core._oom import OOMCheckpoints
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
 from trainkit.core._precision import Precision
 from trainkit.core._preemption import PreemptionRequest
@@ -55,17 +53,12 @@ class Evaluator:
     """Whether ``device_eval_microbatch_size`` halves on out-of-memory (given as
     ``"auto"``); the size it has come to is then ``device_eval_microbatch_size`` (None:
     whole batches so far)."""
-    oom_checkpoints: OOMCheckpoints | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
-    """With ``"auto"`` on several ranks: the strategy's out-of-memory checkpoints, installed
-    around each batch while the size is being searched (see `State.oom_checkpoints`)."""
+    oom_checkpoints: Any = field(default=None, init=False, repr=False, compare=False)
+    """With ``"auto"`` on several ranks: the loop's keeper of the strategy's out-of-memory
+    checkpoints for this evaluator (see `State.oom_checkpoints`)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.data, DataSpec):
-            from trainkit.core._setup import to_dataspec
-
-            self.data = to_dataspec(self.data, f"evaluator {self.label!r} data")
+        self.data = DataSpec.coerce(self.data, f"evaluator {self.label!r} data")
         self.subset_num_batches = check_subset_num_batches(
             self.subset_num_batches, f"evaluator {self.label!r} subset_num_batches"
         )
@@ -161,12 +154,17 @@ class State:
     preemption: PreemptionRequest | None = None
     """Set by ``fit`` after the batch at which every rank agreed to stop because of a
     preemption signal (None otherwise): a checkpointer saves at that ``BATCH_CHECKPOINT``."""
-    recompiles: RecompileWatch | None = None
-    """Counts ``torch.compile`` recompilations when the model is compiled (set by
-    `prepare_run`); `finish_batch` logs the count as ``compile/recompiles``."""
-    oom_checkpoints: OOMCheckpoints | None = None
-    """On several ranks with auto-microbatching: the strategy's out-of-memory checkpoints,
-    installed while the microbatch size is being searched (set by `train_batch`)."""
+    recompiles: Any = None
+    """The loop's count of ``torch.compile`` recompilations when the model is compiled
+    (trainkit-trainer's `prepare_run` sets it and `finish_batch` logs it); None otherwise."""
+    oom_checkpoints: Any = None
+    """On several ranks with auto-microbatching: the loop's keeper of the strategy's
+    out-of-memory checkpoints (`ParallelStrategy.add_oom_checkpoints`), installed while the
+    microbatch size is being searched (trainkit-trainer's `train_batch` sets it)."""
+    replay_step: Callable[[], torch.Tensor] | None = None
+    """Runs the current batch's forward and backward again (every microbatch, with their
+    events) and returns the loss; set by the loop that runs the step (trainkit-trainer's
+    `prepare_run`). Methods that replay the step (SAM) call it; None: the loop offers none."""
     wall_mark: float | None = None
     """``time.perf_counter()`` from which the next batch's wall-clock time counts. ``fit``
     sets it when its loop starts, `finish_batch` moves it to each batch's end, evaluation

@@ -1,5 +1,5 @@
-"""Data: `DataSpec` (counting, splitting, moving batches), the resumable positions of
-loaders, and MosaicML Streaming's MDS shards (`write_mds`, `streaming_loader`)."""
+"""Data: `DataSpec` (counting, splitting, moving batches) and the resumable positions of
+loaders (MosaicML Streaming's among them; trainkit-trainer writes and reads the shards)."""
 
 from trainkit.core._data import (
     DataSpec,
@@ -16,7 +16,7 @@ from trainkit.core._data_position import (
     SamplerPosition,
     StatefulLoader,
 )
-from trainkit.core._streaming import StreamingPosition, collate_mds, streaming_loader, write_mds
+from trainkit.core._streaming import StreamingPosition
 
 __all__ = [
     "DataPosition",
@@ -27,11 +27,8 @@ __all__ = [
     "SamplerPosition",
     "StatefulLoader",
     "StreamingPosition",
-    "collate_mds",
     "default_num_samples",
     "default_num_tokens",
     "default_split_batch",
-    "streaming_loader",
     "to_device",
-    "write_mds",
 ]

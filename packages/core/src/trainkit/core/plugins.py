@@ -6,14 +6,17 @@ Groups (`GROUPS`):
 - ``trainkit.callbacks``: `Callback` classes (checkpointing, monitors, profilers).
 - ``trainkit.loggers``: `LoggerDestination` classes.
 - ``trainkit.parallel``: `ParallelStrategy` classes.
-- ``trainkit.schedulers``: learning-rate schedules (trainkit-core registers its own:
+- ``trainkit.schedulers``: learning-rate schedules (trainkit-trainer registers its own:
   ``constant``, ``linear``, ``linear_with_warmup``, ``cosine``, ``cosine_with_warmup``,
-  ``multistep``, ``exponential``, ``polynomial``, ``step``).
+  ``multistep``, ``exponential``, ``polynomial``, ``step``, ...).
 - ``trainkit.optimizers``: optimizer classes or factories whose first argument is the
-  model's parameters (trainkit-core registers torch.optim's by class name: ``AdamW``,
+  model's parameters (trainkit-trainer registers torch.optim's by class name: ``AdamW``,
   ``SGD``, ...).
 - ``trainkit.models`` / ``trainkit.data``: factories by name for config files (a data
   factory returns ``{"train": loader, "eval": loader}``).
+- ``trainkit.metrics``: metric classes by name (``cross_entropy``, ``accuracy``, ...).
+- ``trainkit.trainers``: trainer classes that ``trainkit train`` can run, each built from
+  its ``config_class`` (trainkit-trainer registers its `Trainer` as ``trainkit``).
 - ``trainkit.storage``: checkpoint storage back ends, by URL scheme.
 - ``trainkit.commands``: ``trainkit`` subcommands, ``main(argv) -> int``.
 
@@ -47,6 +50,8 @@ GROUPS = (
     "trainkit.commands",
     "trainkit.models",
     "trainkit.data",
+    "trainkit.metrics",
+    "trainkit.trainers",
 )
 
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import torch
 
-from trainkit.core import Callback, Event, HuggingFaceModel, Logger, State, Time, dist
+from trainkit.core import Callback, Event, Logger, PretrainedWrapper, State, Time, dist
 from trainkit.core.interval import interval_trigger
 from trainkit.loggers._common import check_interval
 
@@ -135,9 +135,9 @@ class Generate(Callback, config=GenerateConfig):
             batch,
         )
 
-    def _model(self, state: State) -> HuggingFaceModel:
+    def _model(self, state: State) -> PretrainedWrapper:
         model = state.parallelism.unwrap(state.model)
-        if not isinstance(model, HuggingFaceModel):
+        if not isinstance(model, PretrainedWrapper):
             raise ValueError(
                 f"Generate needs a HuggingFaceModel wrapping a causal LM, got "
                 f"{type(model).__name__}"
@@ -208,7 +208,7 @@ class Generate(Callback, config=GenerateConfig):
         return {k: v.to(device) for k, v in self._inputs.items()}
 
     def _generate(
-        self, model: HuggingFaceModel, inputs: dict[str, torch.Tensor], way: str, state: State
+        self, model: PretrainedWrapper, inputs: dict[str, torch.Tensor], way: str, state: State
     ) -> torch.Tensor:
         config = self.config
         options: dict[str, Any] = {

@@ -3,7 +3,7 @@
 While auto-microbatching searches for a microbatch size, a rank that runs out of memory
 part-way through a forward or backward must stop the others before their next collective:
 each strategy here calls the Trainer's ``checkpoint`` just before every collective it
-issues inside forward and backward (``trainkit.core._oom`` explains the protocol).
+issues inside forward and backward (``trainkit.trainer._oom`` explains the protocol).
 """
 
 from __future__ import annotations

@@ -1,0 +1,34 @@
+"""trainkit-core stays the small contract it promises: no import cycle among its modules (at
+module level or inside a function; type-only imports may point back), at most 4,500 lines
+of source and 35 top-level names. (import-linter checks that it imports no sibling.)"""
+
+import trainkit.core
+from import_graph import cycles, import_graph, package_modules
+
+
+def test_core_has_no_import_cycle():
+    assert cycles(import_graph("trainkit.core")) == []
+
+
+def test_core_stays_small():
+    lines = sum(
+        len(path.read_text().splitlines()) for path in package_modules("trainkit.core").values()
+    )
+    assert lines <= 4500, (
+        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,500"
+    )
+    assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
+
+
+def test_the_scan_finds_a_cycle_hidden_in_a_function_and_ignores_type_only_imports(tmp_path):
+    (tmp_path / "__init__.py").write_text("from trainkit.fake._a import A\n")
+    (tmp_path / "_a.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from trainkit.fake._c import C\n"
+        "class A:\n    def b(self):\n        from trainkit.fake._b import B\n        return B\n"
+    )
+    (tmp_path / "_b.py").write_text("from trainkit.fake import _a\nB = 1\n")
+    (tmp_path / "_c.py").write_text("from trainkit.fake._a import A\nC = A\n")
+    graph = import_graph("trainkit.fake", tmp_path)
+    assert graph["trainkit.fake._a"] == {"trainkit.fake._b"}
+    assert cycles(graph) == [["trainkit.fake._a", "trainkit.fake._b"]]
