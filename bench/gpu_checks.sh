@@ -71,7 +71,7 @@ fi
   "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
   # Requirements the carried packages have on the image's versions (none of these stopped
-  # the suite in the check described in bench/README.md; a failing import shows here first).
+  # the suite in the check recorded in bench/results/2026-11-28_cpu-2core_default-run.md; a failing import shows here first).
   echo "pip check:"
   "$python" -m pip check
 } > "$out/env.txt" 2>&1
