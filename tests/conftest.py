@@ -9,6 +9,10 @@ run: ``uv run pytest -m gpu``, or ``TRAINKIT_TEST_GPU=1``. A forked child cannot
 and once the parent has run a backward with a GPU visible, autograd's device threads make
 every forked backward fail; hidden, the CPU tests run the same with or without a GPU.
 A GPU run runs only the tests marked ``gpu``; elsewhere they are skipped. docs/testing.md.
+
+``TRAINKIT_PACKAGE_TESTS=own-envs`` (set by .ci/run, which runs each package's tests in an
+environment of its own, .ci/package-envs) leaves ``tests/<package>/`` out, so every test
+runs once in CI: this run then holds the tests that combine packages.
 """
 
 import os
@@ -16,6 +20,9 @@ import shlex
 import sys
 
 GPU_ENV = "TRAINKIT_TEST_GPU"
+PACKAGE_TESTS_ENV = "TRAINKIT_PACKAGE_TESTS"
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_PACKAGES = os.path.join(os.path.dirname(_TESTS), "packages")
 
 
 def _marker_expression(args: list[str]) -> str | None:
@@ -59,6 +66,35 @@ def _import_for_forks() -> None:
     # (A GPU run counts CUDA and forks nothing.)
     if not GPU_RUN:
         torch.ones((), requires_grad=True).backward()
+
+
+def _package_tests_elsewhere() -> bool:
+    value = os.environ.get(PACKAGE_TESTS_ENV, "")
+    if value not in ("", "own-envs"):
+        raise pytest.UsageError(
+            f"{PACKAGE_TESTS_ENV}={value!r} is not understood; set it to 'own-envs' (the "
+            "packages' tests run in their own environments) or leave it unset (run them here)"
+        )
+    return value == "own-envs"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """In CI, ``tests/<package>/`` run in the package's own environment instead."""
+    if not _package_tests_elsewhere():
+        return None
+    parent, name = os.path.split(str(collection_path))
+    if parent == _TESTS and os.path.isdir(os.path.join(_PACKAGES, name)):
+        return True
+    return None
+
+
+def pytest_report_header(config):
+    if _package_tests_elsewhere():
+        return (
+            f"{PACKAGE_TESTS_ENV}=own-envs: tests/<package>/ run in their own environments "
+            "(.ci/package-envs); this run holds tests/integration/ and tests/*.py"
+        )
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
