@@ -16,7 +16,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainkit.core import Callback, Logger, State
-from trainkit.trainer import Classifier, CosineAnnealingWithWarmupScheduler, Trainer
+from trainkit.trainer import Classifier, Trainer
+from trainkit.trainer.schedulers import CosineAnnealingWithWarmupScheduler
 
 NUM_CLASSES = 3
 

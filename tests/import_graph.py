@@ -101,3 +101,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             connect(node)
     return found
+
+
+def exported_twice(package: str) -> dict[str, list[str]]:
+    """Names that ``package`` and its public submodules export (``__all__``) from more than
+    one place: ``{name: [modules]}``."""
+    import importlib
+
+    homes: dict[tuple[int, str], list[str]] = {}
+    public = [name for name in package_modules(package) if "._" not in name]
+    for module_name in public:
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", ()):
+            homes.setdefault((id(getattr(module, name)), name), []).append(module_name)
+    return {name: modules for (_, name), modules in homes.items() if len(modules) > 1}

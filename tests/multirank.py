@@ -92,7 +92,7 @@ def process_env(**extra: str) -> dict[str, str]:
     these tests train on CPU, GPU or not), a plain PATH, and Python's fault handler (a child
     that dies of a fatal signal, e.g. a C++ ``std::terminate``, prints every thread's Python
     stack to its stderr, which the failing test shows); then this process's PYTHONPATH,
-    where it has one (trainkit installed with ``pip install --target``, as bench/gpu_checks.sh
+    where it has one (trainkit installed with ``pip install --target``, as tools/gpu/gpu_checks.sh
     does on the GPU machine), and ``extra``."""
     env = {
         "GLOO_SOCKET_IFNAME": "lo",

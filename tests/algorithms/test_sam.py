@@ -15,8 +15,7 @@ from trainkit.algorithms import (
     SAMConfig,
     sam_gradient,
 )
-from trainkit.core import Callback, Event, Logger, State, plugins
-from trainkit.core.precision import MixedPrecision
+from trainkit.core import Callback, Event, Logger, MixedPrecision, State, plugins
 from trainkit.trainer import Classifier, Trainer
 
 

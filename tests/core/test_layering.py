@@ -3,7 +3,7 @@ module level or inside a function; type-only imports may point back), at most 4,
 of source and 35 top-level names. (import-linter checks that it imports no sibling.)"""
 
 import trainkit.core
-from import_graph import cycles, import_graph, package_modules
+from import_graph import cycles, exported_twice, import_graph, package_modules
 
 
 def test_core_has_no_import_cycle():
@@ -18,6 +18,10 @@ def test_core_stays_small():
         f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,500"
     )
     assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
+
+
+def test_each_public_name_has_one_home():
+    assert exported_twice("trainkit.core") == {}
 
 
 def test_the_scan_finds_a_cycle_hidden_in_a_function_and_ignores_type_only_imports(tmp_path):

@@ -16,7 +16,8 @@ from multirank import run_ranks, torchrun_env
 from toy import blobs, flat_params, loader, mlp
 from trainkit.core import Callback, SingleProcess, dist
 from trainkit.parallel import DDP
-from trainkit.trainer import LinearWithWarmupScheduler, Trainer
+from trainkit.trainer import Trainer
+from trainkit.trainer.schedulers import LinearWithWarmupScheduler
 
 
 def _trainer(rank, max_duration="3ba", **kwargs):

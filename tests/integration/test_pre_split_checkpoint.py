@@ -19,7 +19,8 @@ from toy import blobs, loader, mlp
 from trainkit.algorithms import EMA, LabelSmoothing
 from trainkit.checkpoint import Checkpointer
 from trainkit.core import Callback
-from trainkit.trainer import CosineAnnealingWithWarmupScheduler, Trainer
+from trainkit.trainer import Trainer
+from trainkit.trainer.schedulers import CosineAnnealingWithWarmupScheduler
 
 DATA = Path(__file__).parent / "data" / "pre_split"
 

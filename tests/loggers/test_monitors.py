@@ -7,7 +7,8 @@ from multirank import run_ranks
 from toy import blobs, loader, mlp
 from trainkit.core import CallbackError, TrainModel
 from trainkit.loggers import InMemoryLogger, LRMonitor, NaNMonitor, OptimizerMonitor, l2_norms
-from trainkit.trainer import LinearScheduler, Trainer
+from trainkit.trainer import Trainer
+from trainkit.trainer.schedulers import LinearScheduler
 
 
 def _trainer(*callbacks, model=None, duration="4ba", optimizers=None, **kwargs):

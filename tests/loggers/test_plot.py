@@ -9,7 +9,8 @@ from toy import blobs, loader, mlp
 from trainkit.core import Callback
 from trainkit.loggers import FileLogger, LRMonitor
 from trainkit.loggers.plot import main, plot_run
-from trainkit.trainer import LinearScheduler, Trainer
+from trainkit.trainer import Trainer
+from trainkit.trainer.schedulers import LinearScheduler
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -114,7 +114,7 @@ def _runs(rank, world, where):
         state = trainer.state
         results[strategy, who] = (
             state.device_train_microbatch_size,
-            state.oom_checkpoints.searching,
+            state.loop_private.oom_checkpoints.searching,
             to_bytes(full_weights(state.model)),
         )
     return results
@@ -167,7 +167,7 @@ def _evaluations(rank, world):
         metrics = trainer.eval(evaluator)
         results[who] = (
             evaluator.device_eval_microbatch_size,
-            evaluator.oom_checkpoints.searching,
+            trainer.state.loop_private.evaluator_checkpoints(evaluator).searching,
             float(metrics["metrics/eval/cross_entropy"]),
         )
     return results

@@ -153,7 +153,7 @@ def test_peak_flops_table():
 
 
 def test_peak_flops_of_the_runs_precision_object():
-    from trainkit.core.precision import MixedPrecision, Precision
+    from trainkit.core import MixedPrecision, Precision
 
     h100 = "NVIDIA H100 80GB HBM3"
     assert peak_flops_for(h100, MixedPrecision("cpu", torch.bfloat16)) == 989.4e12

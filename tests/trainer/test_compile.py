@@ -133,8 +133,8 @@ def test_a_batch_size_change_recompiles_and_the_count_is_logged():
     step, count = recompiles[0]
     assert step == 3 and count >= 1  # logged at the batch that had the new shape
     assert [c for _, c in recompiles] == sorted(c for _, c in recompiles)
-    assert trainer.state.recompiles is not None
-    assert trainer.state.recompiles.recompiles == recompiles[-1][1]
+    assert trainer.state.loop_private.recompiles is not None
+    assert trainer.state.loop_private.recompiles.recompiles == recompiles[-1][1]
     # Automatic dynamic shapes: after the first recompile the size is symbolic, so the
     # second epoch's batches (16, 16, 8) compile nothing new.
     assert recompiles[-1][1] == count
@@ -194,7 +194,7 @@ def test_a_hand_written_loop_compiles_through_prepare_run():
     model = mlp(dropout=0.0)
     state = State(model=model, optimizers=[torch.optim.SGD(model.parameters(), lr=0.1)])
     prepare_run(state, Engine(state, Logger([], state)), compile=AOT)
-    assert model._compiled_call_impl is not None and state.recompiles is not None
+    assert model._compiled_call_impl is not None and state.loop_private.recompiles is not None
     assert make_trainer(False).state.model._compiled_call_impl is None  # off by default
 
 

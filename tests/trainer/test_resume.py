@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from toy import CountingDataset, blobs, flat_params, mlp
 from trainkit.core import Algorithm, Callback, DataSpec, Event, dist
-from trainkit.trainer import LinearWithWarmupScheduler, Trainer
+from trainkit.trainer import Trainer
+from trainkit.trainer.schedulers import LinearWithWarmupScheduler
 
 
 class BatchCounter(Callback):

@@ -13,25 +13,22 @@ from toy import blobs, loader, mlp
 from trainkit.core import Callback, DataSpec, State, Time, Timestamp, ensure_time, plugins
 from trainkit.core.config import Configurable, field_docs, to_plain
 from trainkit.core.interval import as_fraction
-from trainkit.trainer import (
+from trainkit.trainer import Trainer, schedulers
+from trainkit.trainer.schedulers import (
     ConstantScheduler,
+    ConstantWithWarmupScheduler,
     CosineAnnealingScheduler,
+    CosineAnnealingWarmRestartsScheduler,
     CosineAnnealingWithWarmupScheduler,
     ExponentialScheduler,
     LinearScheduler,
     LinearWithWarmupScheduler,
     MultiStepScheduler,
+    MultiStepWithWarmupScheduler,
     PolynomialScheduler,
+    PolynomialWithWarmupScheduler,
     Scheduler,
     StepScheduler,
-    Trainer,
-    schedulers,
-)
-from trainkit.trainer.schedulers import (
-    ConstantWithWarmupScheduler,
-    CosineAnnealingWarmRestartsScheduler,
-    MultiStepWithWarmupScheduler,
-    PolynomialWithWarmupScheduler,
 )
 
 
@@ -403,7 +400,8 @@ def test_trainer_steps_a_torch_scheduler_every_batch_when_asked():
 def test_schedule_with_max_duration_given_to_fit():
     from toy import blobs, loader, mlp
     from trainkit.core import Callback
-    from trainkit.trainer import LinearScheduler, Trainer
+    from trainkit.trainer import Trainer
+    from trainkit.trainer.schedulers import LinearScheduler
 
     lrs = []
 

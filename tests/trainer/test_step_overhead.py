@@ -6,8 +6,9 @@ import torch
 
 from toy import blobs, loader, mlp
 from trainkit.core import Callback, Time, TrainModel
-from trainkit.trainer import LinearWithWarmupScheduler, Trainer
-from trainkit.trainer import _step as step_module
+from trainkit.trainer import Trainer
+from trainkit.trainer import _retry as retry_module
+from trainkit.trainer.schedulers import LinearWithWarmupScheduler
 
 
 class OOMInLoss(TrainModel):
@@ -103,14 +104,14 @@ def test_torchmetrics_are_restored_after_out_of_memory_from_their_states(monkeyp
     plain.update_metric = update
     expected = {k: m.compute() for k, m in _fit(plain).state.train_metrics.items()}
 
-    deepcopy = step_module.copy.deepcopy
+    deepcopy = retry_module.copy.deepcopy
 
     def no_metric_copies(value, memo=None):
         if isinstance(value, pytest.importorskip("torchmetrics").Metric):
             raise AssertionError(f"{type(value).__name__} was copied whole")
         return deepcopy(value, memo)
 
-    monkeypatch.setattr(step_module.copy, "deepcopy", no_metric_copies)
+    monkeypatch.setattr(retry_module.copy, "deepcopy", no_metric_copies)
     retried = OOMInLoss(limit=4, metrics=_torchmetrics)
     retried.update_metric = update
     trainer = _fit(retried, device_train_microbatch_size="auto")

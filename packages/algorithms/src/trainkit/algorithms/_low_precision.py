@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import torch
 
-from trainkit.core.precision import Precision
+from trainkit.core import Precision
 
 __all__ = [
     "LOW_PRECISION_DTYPES",

@@ -20,7 +20,6 @@ from trainkit.core._preemption import PREEMPTED_EXIT_CODE, PreemptionRequest, Tr
 from trainkit.core._rebind import rebind_optimizers
 from trainkit.core._state import Evaluator, State
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
-from trainkit.core.config import Configurable
 
 __all__ = [
     "ORDERS",
@@ -29,7 +28,6 @@ __all__ = [
     "AlgorithmError",
     "Callback",
     "CallbackError",
-    "Configurable",
     "DataSpec",
     "Device",
     "Engine",

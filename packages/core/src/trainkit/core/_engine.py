@@ -51,7 +51,6 @@ class CallbackError(RuntimeError):
 _NO_TRACES: list[Trace] = []
 # Events a loop fires before its first batch (checked when the first batch starts).
 _BEFORE_TRAINING = frozenset({Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD, Event.FIT_START})
-_BATCH_START = Event.BATCH_START
 _AFTER_EVENTS = frozenset(event for event in Event if event.is_after)  # run in reverse
 # Events of each batch that are skipped at once while nothing listens (see run_event);
 # BATCH_START, BEFORE_TRAIN_BATCH, EVAL_BATCH_START and PREDICT_BATCH_START are not: they
@@ -155,7 +154,7 @@ class Engine:
     def _dispatch(self, event: Event) -> list[Trace]:
         if event not in self.fired:
             self.fired.add(event)
-            if event is _BATCH_START:  # the first batch: were the set-up events fired?
+            if event is Event.BATCH_START:  # the first batch: were the set-up events fired?
                 self.check_required_events(_BEFORE_TRAINING)
         state = self.state
         if not state.algorithms and not state.callbacks and not self.logger.destinations:

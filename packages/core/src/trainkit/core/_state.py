@@ -19,8 +19,6 @@ from trainkit.core._preemption import PreemptionRequest
 from trainkit.core._rng import get_rng_state, set_rng_state
 from trainkit.core._time import Time, Timestamp, TimeUnit
 
-_BATCH = TimeUnit.BATCH  # read once: an Enum member read costs ~60 ns (see _step.py)
-
 __all__ = ["Evaluator", "State", "check_microbatch_size_value", "check_subset_num_batches"]
 
 
@@ -53,9 +51,6 @@ class Evaluator:
     """Whether ``device_eval_microbatch_size`` halves on out-of-memory (given as
     ``"auto"``); the size it has come to is then ``device_eval_microbatch_size`` (None:
     whole batches so far)."""
-    oom_checkpoints: Any = field(default=None, init=False, repr=False, compare=False)
-    """With ``"auto"`` on several ranks: the loop's keeper of the strategy's out-of-memory
-    checkpoints for this evaluator (see `State.oom_checkpoints`)."""
 
     def __post_init__(self) -> None:
         self.data = DataSpec.coerce(self.data, f"evaluator {self.label!r} data")
@@ -154,13 +149,10 @@ class State:
     preemption: PreemptionRequest | None = None
     """Set by ``fit`` after the batch at which every rank agreed to stop because of a
     preemption signal (None otherwise): a checkpointer saves at that ``BATCH_CHECKPOINT``."""
-    recompiles: Any = None
-    """The loop's count of ``torch.compile`` recompilations when the model is compiled
-    (trainkit-trainer's `prepare_run` sets it and `finish_batch` logs it); None otherwise."""
-    oom_checkpoints: Any = None
-    """On several ranks with auto-microbatching: the loop's keeper of the strategy's
-    out-of-memory checkpoints (`ParallelStrategy.add_oom_checkpoints`), installed while the
-    microbatch size is being searched (trainkit-trainer's `train_batch` sets it)."""
+    loop_private: Any = None
+    """What the loop running this State keeps for itself from batch to batch (trainkit-
+    trainer's: its recompile counter and out-of-memory checkpoints). Components never read
+    it; a hand-written loop may keep anything here, or nothing."""
     replay_step: Callable[[], torch.Tensor] | None = None
     """Runs the current batch's forward and backward again (every microbatch, with their
     events) and returns the loss; set by the loop that runs the step (trainkit-trainer's
@@ -226,7 +218,7 @@ class State:
         duration = self.max_duration
         if duration is None:
             return False
-        if duration.unit is _BATCH:  # the common case, asked twice per batch
+        if duration.unit is TimeUnit.BATCH:  # the common case, asked twice per batch
             return self.timestamp.batch >= duration.value
         return self.elapsed_fraction() >= 1.0 - 1e-12
 

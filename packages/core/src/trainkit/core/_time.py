@@ -349,21 +349,16 @@ class Timestamp(NamedTuple):
         raise ValueError(f"unknown time unit {unit!r}; use one of {[u.value for u in TimeUnit]}")
 
     def to_next_batch(self, samples: int, tokens: int = 0, duration: float = 0.0) -> Timestamp:
-        epoch, batch, sample, token, in_epoch, sample_in_epoch, token_in_epoch, total, wct, _ = self
-        return tuple.__new__(
-            Timestamp,
-            (
-                epoch,
-                batch + 1,
-                sample + samples,
-                token + tokens,
-                in_epoch + 1,
-                sample_in_epoch + samples,
-                token_in_epoch + tokens,
-                total + duration,
-                wct + duration,
-                duration,
-            ),
+        return self._replace(
+            batch=self.batch + 1,
+            sample=self.sample + samples,
+            token=self.token + tokens,
+            batch_in_epoch=self.batch_in_epoch + 1,
+            sample_in_epoch=self.sample_in_epoch + samples,
+            token_in_epoch=self.token_in_epoch + tokens,
+            total_wct=self.total_wct + duration,
+            epoch_wct=self.epoch_wct + duration,
+            batch_wct=duration,
         )
 
     def to_next_epoch(self) -> Timestamp:

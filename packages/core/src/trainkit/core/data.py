@@ -1,8 +1,8 @@
-"""Data: `DataSpec` (counting, splitting, moving batches) and the resumable positions of
-loaders (MosaicML Streaming's among them; trainkit-trainer writes and reads the shards)."""
+"""Data: how `trainkit.core.DataSpec` counts, splits and moves batches, and the resumable
+positions of loaders (MosaicML Streaming's among them; trainkit-trainer writes and reads
+the shards)."""
 
 from trainkit.core._data import (
-    DataSpec,
     default_num_samples,
     default_num_tokens,
     default_split_batch,
@@ -20,7 +20,6 @@ from trainkit.core._streaming import StreamingPosition
 
 __all__ = [
     "DataPosition",
-    "DataSpec",
     "LoaderState",
     "ReplayPosition",
     "ResumableBatchSampler",

@@ -1,19 +1,14 @@
-"""Precision components and device selection."""
+"""Choosing the precision and the device by name (the `Precision`, `MixedPrecision` and
+`Device` classes are at the top level, `trainkit.core`)."""
 
 from trainkit.core._precision import (
     PRECISIONS,
-    Device,
-    MixedPrecision,
-    Precision,
     make_precision,
     resolve_device,
 )
 
 __all__ = [
     "PRECISIONS",
-    "Device",
-    "MixedPrecision",
-    "Precision",
     "make_precision",
     "resolve_device",
 ]

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from trainkit.core.precision import MixedPrecision, Precision
+from trainkit.core import MixedPrecision, Precision
 
 __all__ = [
     "ModuleSelector",

@@ -6,7 +6,8 @@ import re
 
 import torch
 
-from trainkit.core.precision import PRECISIONS, Precision
+from trainkit.core import Precision
+from trainkit.core.precision import PRECISIONS
 
 __all__ = ["PEAK_FLOPS", "device_peak_flops", "peak_flops_for"]
 
@@ -59,7 +60,7 @@ def _precision_key(precision: Precision | str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(
             f"unknown precision {precision!r}; accepted: {', '.join(map(repr, PRECISIONS))} "
-            "or a trainkit.core.precision.Precision object"
+            "or a trainkit.core.Precision object"
         )
     return _NAME_KEYS.get(precision, _fp32_key())
 

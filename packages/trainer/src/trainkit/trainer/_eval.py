@@ -26,16 +26,10 @@ from trainkit.core._parallel import SingleProcess
 from trainkit.core._state import Evaluator, State
 from trainkit.core._time import Timestamp
 from trainkit.trainer._oom import OOMCheckpoints, settle
-from trainkit.trainer._step import _free_after_oom, _restore_metrics, _save_metrics
+from trainkit.trainer._private import loop_private
+from trainkit.trainer._retry import free_after_oom, restore_metrics, save_metrics
 
 __all__ = ["eval_forward", "evaluate", "predict"]
-
-# The events of each batch, read once (see _step.py: an Enum member read costs ~60 ns).
-_EVAL_BATCH_START, _EVAL_BATCH_END = Event.EVAL_BATCH_START, Event.EVAL_BATCH_END
-_EVAL_BEFORE_FORWARD, _EVAL_AFTER_FORWARD = Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD
-_PREDICT_BATCH_START, _PREDICT_BATCH_END = Event.PREDICT_BATCH_START, Event.PREDICT_BATCH_END
-_PREDICT_BEFORE_FORWARD = Event.PREDICT_BEFORE_FORWARD
-_PREDICT_AFTER_FORWARD = Event.PREDICT_AFTER_FORWARD
 
 
 def evaluate(
@@ -91,7 +85,7 @@ def _evaluate_one(
             if data.batch_transforms is not None:
                 batch = data.batch_transforms(batch)
             state.batch = data.device_transfer(batch, state.device)
-            engine.run_event(_EVAL_BATCH_START)
+            engine.run_event(Event.EVAL_BATCH_START)
             drop = None
             if repeat is not None and index == repeat[0]:
                 drop = "batch" if repeat[1] else "sample"
@@ -103,7 +97,7 @@ def _evaluate_one(
                 samples, tokens, now - started
             )
             started = now
-            engine.run_event(_EVAL_BATCH_END)
+            engine.run_event(Event.EVAL_BATCH_END)
     results = {f"metrics/{evaluator.label}/{name}": m.compute() for name, m in metrics.items()}
     engine.logger.log_metrics(results)
     engine.run_event(Event.EVAL_END)
@@ -128,7 +122,7 @@ def _evaluate_batch(
     retried = False
     try:
         while True:
-            saved = _save_metrics(metrics) if auto else None
+            saved = save_metrics(metrics) if auto else None
             if checkpoints is not None:
                 checkpoints.arm(state)
             try:
@@ -151,8 +145,8 @@ def _evaluate_batch(
             # would otherwise skip their gather on one rank only in the retry.
             state.parallelism.reset_after_oom(state.model)
             assert saved is not None
-            _restore_metrics(metrics, saved)
-            _free_after_oom(state)
+            restore_metrics(metrics, saved)
+            free_after_oom(state)
             current = (
                 evaluator.device_eval_microbatch_size
                 or evaluator.data.get_num_samples_in_batch(batch)
@@ -172,11 +166,14 @@ def _evaluate_batch(
 def _oom_checkpoints(state: State, evaluator: Evaluator) -> OOMCheckpoints | None:
     # The evaluator's checkpoints when it microbatches "auto" on several ranks that hold
     # one model together (an FSDP forward gathers each block: see trainkit.trainer._oom).
-    if evaluator.oom_checkpoints is None:
+    private = loop_private(state)
+    checkpoints = private.evaluator_checkpoints(evaluator)
+    if checkpoints is None:
         if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):
             return None
-        evaluator.oom_checkpoints = OOMCheckpoints()
-    return evaluator.oom_checkpoints
+        checkpoints = OOMCheckpoints()
+        private.eval_oom_checkpoints[id(evaluator)] = (evaluator, checkpoints)
+    return checkpoints
 
 
 def _eval_microbatches(
@@ -202,10 +199,10 @@ def _eval_microbatches(
         if data.microbatch_transforms is not None:
             microbatch = data.microbatch_transforms(microbatch)
         state.batch = microbatch
-        engine.run_event(_EVAL_BEFORE_FORWARD)
+        engine.run_event(Event.EVAL_BEFORE_FORWARD)
         with state.precision.autocast():
             state.outputs = eval_forward(model, state.batch)
-        engine.run_event(_EVAL_AFTER_FORWARD)
+        engine.run_event(Event.EVAL_AFTER_FORWARD)
         if count:
             for metric in metrics.values():
                 model.update_metric(state.batch, state.outputs, metric)
@@ -286,11 +283,11 @@ def predict(
                 state.batch = data.device_transfer(batch, state.device)
                 if data.microbatch_transforms is not None:
                     state.batch = data.microbatch_transforms(state.batch)
-                engine.run_event(_PREDICT_BATCH_START)
-                engine.run_event(_PREDICT_BEFORE_FORWARD)
+                engine.run_event(Event.PREDICT_BATCH_START)
+                engine.run_event(Event.PREDICT_BEFORE_FORWARD)
                 with state.precision.autocast():
                     state.outputs = eval_forward(model, state.batch)
-                engine.run_event(_PREDICT_AFTER_FORWARD)
+                engine.run_event(Event.PREDICT_AFTER_FORWARD)
                 if return_outputs:
                     outputs.append(data.device_transfer(state.outputs, torch.device("cpu")))
                 samples = data.get_num_samples_in_batch(state.batch)  # this rank's
@@ -300,7 +297,7 @@ def predict(
                     samples, tokens, now - started
                 )
                 started = now
-                engine.run_event(_PREDICT_BATCH_END)
+                engine.run_event(Event.PREDICT_BATCH_END)
     finally:
         model.train(was_training)  # also when a batch fails
     engine.run_event(Event.PREDICT_END)

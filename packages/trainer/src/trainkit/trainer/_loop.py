@@ -38,11 +38,8 @@ from trainkit.core._state import State
 from trainkit.core._time import TimeUnit
 from trainkit.trainer import _setup as setup
 from trainkit.trainer._compile import RecompileWatch, compile_options
+from trainkit.trainer._private import loop_private
 from trainkit.trainer._step import StepReplay, scheduler_step
-
-# The events of each batch, read once (see _step.py: an Enum member read costs ~60 ns).
-_BEFORE_DATALOADER, _AFTER_DATALOADER = Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER
-_BATCH_START, _BATCH_END, _SECOND = Event.BATCH_START, Event.BATCH_END, TimeUnit.SECOND
 
 __all__ = [
     "BatchClock",
@@ -84,7 +81,7 @@ def prepare_run(
     options = compile_options(compile)
     if options is not None:
         state.parallelism.compile(state.model, options)
-        state.recompiles = RecompileWatch()
+        loop_private(state).recompiles = RecompileWatch()
     state.replay_step = StepReplay(state, engine.logger)
     unwrapped = state.parallelism.unwrap(state.model)
     rebind_optimizers(state.optimizers, unwrapped, names_before)
@@ -128,13 +125,13 @@ def epoch_batches(state: State, engine: Engine) -> Iterator[Any]:
         iterator = itertools.islice(iterator, max(0, state.train_subset_num_batches - done))
     transform = state.train_data.batch_transforms
     while True:
-        engine.run_event(_BEFORE_DATALOADER)
+        engine.run_event(Event.BEFORE_DATALOADER)
         try:
             batch = next(iterator)
         except StopIteration:
             return
         state.batch = batch if transform is None else transform(batch)
-        engine.run_event(_AFTER_DATALOADER)
+        engine.run_event(Event.AFTER_DATALOADER)
         yield state.batch
 
 
@@ -161,9 +158,9 @@ def start_batch(state: State, engine: Engine, batch: Any) -> BatchClock:
         started = time.perf_counter()
     # Over all data-parallel ranks; ranks that share data (tensor parallel) count it once.
     samples, tokens = data.count_batch(batch, state.data_parallel_size, state.device)
-    clock = tuple.__new__(BatchClock, (samples, tokens, started))  # without its Python __new__
+    clock = BatchClock(samples, tokens, started)
     state.batch = data.device_transfer(batch, state.device)
-    engine.run_event(_BATCH_START)
+    engine.run_event(Event.BATCH_START)
     return clock
 
 
@@ -181,7 +178,7 @@ def finish_batch(
     now = time.perf_counter()
     duration = now - clock.started
     max_duration = state.max_duration
-    if max_duration is not None and max_duration.unit is _SECOND:
+    if max_duration is not None and max_duration.unit is TimeUnit.SECOND:
         duration = _slowest_rank(state, duration)
     samples, tokens, _ = clock
     state.timestamp = state.timestamp.to_next_batch(samples, tokens, duration)
@@ -191,9 +188,10 @@ def finish_batch(
         scheduler_step(state)
     if loss is not None and engine.logger.destinations:
         engine.logger.log_metrics({"loss/train/total": loss})
-    if state.recompiles is not None:
-        state.recompiles.batch_end(engine.logger)
-    engine.run_event(_BATCH_END)
+    recompiles = loop_private(state).recompiles
+    if recompiles is not None:
+        recompiles.batch_end(engine.logger)
+    engine.run_event(Event.BATCH_END)
 
 
 _clock_group: list[Any] = []  # [(the run's process group, a gloo group for the clock)]

@@ -81,8 +81,8 @@ class OOMCheckpoints:
     """Installs the strategy's checkpoints around each batch while the microbatch size is
     being searched.
 
-    `train_batch` keeps one in ``state.oom_checkpoints`` for a run of several ranks with
-    auto-microbatching, and evaluation one per evaluator (``Evaluator.oom_checkpoints``):
+    `train_batch` keeps one for a run of several ranks with auto-microbatching, and
+    evaluation one per evaluator (in ``state.loop_private``, `LoopPrivate`):
     `arm` before each attempt at a batch, `batch_done` when the batch is done, `disarm`
     after it. Nothing else (evaluation, callbacks between batches, a deep copy of the
     model) ever meets them.

@@ -1,4 +1,22 @@
-"""The `Trainer`: a short loop; behaviour arrives as algorithms, callbacks and strategies."""
+"""The `Trainer`: a short loop; behaviour arrives as algorithms, callbacks and strategies.
+
+The call tree, from ``fit`` to the optimizer step (each name a function in this package)::
+
+    Trainer.__init__        State, Engine, Logger; prepare_run (_loop.py): INIT, placement,
+                            strategy, compile, optimizers, schedules, BEFORE/AFTER_LOAD
+    Trainer.fit             _restage (a next stage's arguments), FitGuard.running
+      _train_epoch            for each batch of epoch_batches (_loop.py):
+        start_batch             count it, move it to the device, BATCH_START (_loop.py)
+        train_batch             run_microbatches, retried on out-of-memory (_retry.py)
+          run_microbatches        BEFORE_TRAIN_BATCH, zero_grad, then per microbatch
+                                  forward, loss, backward with their events (_step.py),
+                                  AFTER_TRAIN_BATCH
+        optimizer_step          state.precision.step: optimizer.step() (_step.py)
+        finish_batch            timestamp, schedules, BATCH_END (_loop.py)
+        FitGuard.after_batch    preemption vote, non-finite loss (_fit_guard.py)
+        _maybe_eval, BATCH_CHECKPOINT
+      finish_epoch, EPOCH_END, EPOCH_CHECKPOINT; at the end FIT_END
+"""
 
 from __future__ import annotations
 
@@ -37,13 +55,13 @@ from trainkit.trainer._loop import (
 )
 from trainkit.trainer._placement import join_process_group, resolve_parallelism
 from trainkit.trainer._preemption import check_preemption_signals
-from trainkit.trainer._step import optimizer_step, train_batch
+from trainkit.trainer._retry import train_batch
+from trainkit.trainer._step import optimizer_step
 from trainkit.trainer._trainer_config import TrainerConfig, check_max_duration
 
 __all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
-_BATCH_END, _BATCH_CHECKPOINT = Event.BATCH_END, Event.BATCH_CHECKPOINT  # read once (_step.py)
 
 
 class Trainer(Configurable, config=TrainerConfig):
@@ -257,8 +275,8 @@ class Trainer(Configurable, config=TrainerConfig):
             # This rank's own loss: a non-finite one is reported as this rank's.
             preempted = guard.after_batch(state, state.rank_loss)
             if not preempted and self._eval_triggers:
-                self._maybe_eval(_BATCH_END)
-            engine.run_event(_BATCH_CHECKPOINT)
+                self._maybe_eval(Event.BATCH_END)
+            engine.run_event(Event.BATCH_CHECKPOINT)
             trained += 1
             if state.is_done() or state.stop_requested:
                 if state.timestamp.batch_in_epoch != state.dataloader_len or (

@@ -1,8 +1,8 @@
 """The phases of a run and the pieces of a training step, for writing your own loop.
 
 The `Trainer` is written on these functions; a hand-written loop calls the same ones (see
-the trainer README, "Write your own loop"), so algorithms, callbacks, loggers and
-checkpoints keep working.
+the trainer README, "Your own step on the Trainer's phases"), so algorithms, callbacks,
+loggers and checkpoints keep working.
 """
 
 from trainkit.trainer._eval import eval_forward, evaluate
@@ -14,12 +14,12 @@ from trainkit.trainer._loop import (
     prepare_run,
     start_batch,
 )
+from trainkit.trainer._retry import train_batch
 from trainkit.trainer._step import (
     microbatch_weights,
     optimizer_step,
     run_microbatches,
     scheduler_step,
-    train_batch,
 )
 
 __all__ = [

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Packs what bench/gpu_checks.sh needs on the lent GPU machine and cannot get there (no
-# network): trainkit's wheels, and the third-party distributions in bench/device_carry.txt
+# Packs what tools/gpu/gpu_checks.sh needs on the lent GPU machine and cannot get there (no
+# network): trainkit's wheels, and the third-party distributions in tools/gpu/device_carry.txt
 # at uv.lock's versions, installed here for CPython 3.12 on x86-64 Linux and compressed.
 #
-#   bench/device_prep.sh
+#   tools/gpu/device_prep.sh
 #
 # .device/ (which git ignores) then holds wheels/ (the seven packages and
 # examples/third_party_algorithm) and site.tar.xz. Carry .device with the call (the device
@@ -12,7 +12,7 @@
 # changed (~1 min: xz); the wheels every time (~5 s). A call carries at most 64 MiB with
 # the working tree (~4 MiB): the script stops when .device is over 58 MiB.
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 dir=$(mkdir -p .device && cd .device && pwd)
 limit_mib=58
@@ -22,7 +22,7 @@ uv build --quiet --all-packages --wheel -o "$dir/wheels"
 uv build --quiet --wheel -o "$dir/wheels" examples/third_party_algorithm
 ls "$dir/wheels"
 
-stamp=$(cat uv.lock bench/device_carry.txt bench/device_prep.sh | sha256sum | cut -c1-16)
+stamp=$(cat uv.lock tools/gpu/device_carry.txt tools/gpu/device_prep.sh | sha256sum | cut -c1-16)
 if [ -f "$dir/site.tar.xz" ] && [ "$(cat "$dir/site.stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "site.tar.xz is current (uv.lock, device_carry.txt and this script unchanged)"
 else
@@ -30,7 +30,7 @@ else
   # Each carried name at the version uv.lock resolves for Python 3.12 on Linux.
   uv export --quiet --frozen --no-hashes --all-packages --all-extras --all-groups \
     --format requirements-txt > "$dir/locked.txt"
-  uv run --no-sync python - "$dir/locked.txt" bench/device_carry.txt > "$dir/carry.txt" <<'EOF'
+  uv run --no-sync python - "$dir/locked.txt" tools/gpu/device_carry.txt > "$dir/carry.txt" <<'EOF'
 import re
 import sys
 
@@ -83,6 +83,6 @@ fi
 size=$(du -sm "$dir" | cut -f1)
 echo "$dir: ${size} MiB (limit ${limit_mib})"
 if [ "$size" -gt "$limit_mib" ]; then
-  echo "too large to carry with the working tree: drop distributions from bench/device_carry.txt" >&2
+  echo "too large to carry with the working tree: drop distributions from tools/gpu/device_carry.txt" >&2
   exit 1
 fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 14 in one command, for a machine with a CUDA GPU and trainkit
-# installed (`uv sync`, or bench/device_prep.sh's .device carried along). Each step writes
+# installed (`uv sync`, or tools/gpu/device_prep.sh's .device carried along). Each step writes
 # OUT/<step>.log; OUT/summary.txt gets one line per step (exit status, seconds).
 #
-#   bench/gpu_checks.sh OUT [STEP ...]
+#   tools/gpu/gpu_checks.sh OUT [STEP ...]
 #     gpu_tests    pytest -m gpu (bf16/fp16, real-OOM auto-microbatching, compile, fp8,
 #                  DDP/FSDP2 on NCCL, memory snapshots, the peak-memory target)
 #     throughput   bench/gpu_throughput.py --repeats $REPEATS (default 1), the variants in
@@ -31,16 +31,16 @@
 # Again there, 12 workers: cpu_suite 410 s, gpu_tests beside it 419 s (one more test).
 # Not measured there yet: default_run (estimate ~5 min). PYTHON picks the interpreter
 # (default python3), WORKERS the suite's workers (default 8). On the lent GPU machine, run
-# bench/device_prep.sh here first and carry .device (bench/README.md, "On the lent GPU
+# tools/gpu/device_prep.sh here first and carry .device (tools/gpu/README.md, "On the lent GPU
 # machine").
 set -uo pipefail
 began=$(date +%s)
-out=${1:?usage: bench/gpu_checks.sh OUT [STEP ...]}
+out=${1:?usage: tools/gpu/gpu_checks.sh OUT [STEP ...]}
 shift
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("cpu_suite&" gpu_tests wait throughput default_run)
 python=${PYTHON:-python3}
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$repo"
@@ -54,7 +54,7 @@ for step in "${steps[@]}"; do
   esac
 done
 
-# What bench/device_prep.sh packed (trainkit's wheels and the dependencies the GPU image
+# What tools/gpu/device_prep.sh packed (trainkit's wheels and the dependencies the GPU image
 # lacks), carried as .device: installed into a fresh folder put first on PYTHONPATH.
 if [ -d .device/wheels ]; then
   site=${TRAINKIT_SITE:-/tmp/trainkit-site}
