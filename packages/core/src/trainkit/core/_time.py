@@ -349,7 +349,9 @@ class Timestamp(NamedTuple):
         raise ValueError(f"unknown time unit {unit!r}; use one of {[u.value for u in TimeUnit]}")
 
     def to_next_batch(self, samples: int, tokens: int = 0, duration: float = 0.0) -> Timestamp:
-        return self._replace(
+        # The constructor, not _replace: this runs every batch, and _replace costs ~4x more.
+        return Timestamp(
+            epoch=self.epoch,
             batch=self.batch + 1,
             sample=self.sample + samples,
             token=self.token + tokens,

@@ -102,13 +102,7 @@ class Trainer(Configurable, config=TrainerConfig):
                 f"eval_subset_num_batches={config.eval_subset_num_batches} without "
                 "eval_dataloader has nothing to limit; give eval_dataloader or leave it unset"
             )
-        for evaluator in evaluators:
-            if evaluator.subset_num_batches is None:
-                evaluator.subset_num_batches = config.eval_subset_num_batches
-        self._default_eval_microbatch(evaluators)
-        self._eval_triggers = [
-            (e, interval_trigger(e.eval_interval or config.eval_interval)) for e in evaluators
-        ]
+        self._eval_triggers = self._adopt_evaluators(evaluators)
         destinations = list(config.loggers)
         if config.progress_bar:
             destinations.append(setup.progress_destination(train_data))
@@ -335,6 +329,20 @@ class Trainer(Configurable, config=TrainerConfig):
         )
         return self.last_eval
 
+    def _adopt_evaluators(
+        self, evaluators: list[Evaluator]
+    ) -> list[tuple[Evaluator, IntervalTrigger]]:
+        """Give the run's ``evaluators`` the Trainer's defaults where they set none (the
+        subset of batches, the microbatch size); each with the trigger of its interval. The
+        constructor and ``fit(eval_dataloader=...)`` both adopt them here."""
+        for evaluator in evaluators:
+            if evaluator.subset_num_batches is None:
+                evaluator.subset_num_batches = self.config.eval_subset_num_batches
+        self._default_eval_microbatch(evaluators)
+        return [
+            (e, interval_trigger(e.eval_interval or self.config.eval_interval)) for e in evaluators
+        ]
+
     def _default_eval_microbatch(self, evaluators: list[Evaluator]) -> None:
         # The Trainer's device_eval_microbatch_size, for evaluators that set none.
         for evaluator in evaluators:
@@ -447,16 +455,9 @@ class Trainer(Configurable, config=TrainerConfig):
             state.step_schedulers_every_batch = every_batch
         state.max_duration = max_duration
         if evaluators:
-            self._default_eval_microbatch(evaluators)
-            for evaluator in evaluators:
-                if evaluator.subset_num_batches is None:
-                    evaluator.subset_num_batches = self.config.eval_subset_num_batches
+            self._eval_triggers = self._adopt_evaluators(evaluators)
             state.evaluators = evaluators
             state.eval_metrics = eval_metrics
-            self._eval_triggers = [
-                (e, interval_trigger(e.eval_interval or self.config.eval_interval))
-                for e in evaluators
-            ]
             self.last_eval, self._last_eval_batch = {}, {}  # the new evaluators' from here
         if eval_subset_num_batches is not None:  # -1 (all) too
             for evaluator in state.evaluators:
