@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -343,3 +344,13 @@ def checkpointer_from(config: Any, run_name: str) -> list[Any]:
 
 def default_run_name() -> str:
     return dist.broadcast_object(time.strftime("run-%Y%m%d-%H%M%S"))
+
+
+def set_deterministic(device: torch.device) -> None:
+    """Deterministic kernels only (the Trainer's ``deterministic``)."""
+    if device.type == "cuda":
+        # cuBLAS needs this before its first call to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False

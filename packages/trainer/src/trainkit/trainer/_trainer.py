@@ -7,25 +7,19 @@ The call tree, from ``fit`` to the optimizer step (each name a function in this 
     Trainer.fit             _restage (a next stage's arguments), FitGuard.running
       _train_epoch            for each batch of epoch_batches (_loop.py):
         start_batch             count it, move it to the device, BATCH_START (_loop.py)
-        train_batch             run_microbatches, retried on out-of-memory (_retry.py)
-          run_microbatches        BEFORE_TRAIN_BATCH, zero_grad, then per microbatch
-                                  forward, loss, backward with their events (_step.py),
-                                  AFTER_TRAIN_BATCH
+        train_batch             run_microbatches, retried on out-of-memory (_retry.py):
+                                zero_grad, forward, loss, backward (_step.py)
         optimizer_step          state.precision.step: optimizer.step() (_step.py)
         finish_batch            timestamp, schedules, BATCH_END (_loop.py)
-        FitGuard.after_batch    preemption vote, non-finite loss (_fit_guard.py)
-        _maybe_eval, BATCH_CHECKPOINT
+        FitGuard.after_batch    preemption vote, non-finite loss; then eval, BATCH_CHECKPOINT
       finish_epoch, EPOCH_END, EPOCH_CHECKPOINT; at the end FIT_END
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
-
-import torch
 
 from trainkit.core import dist
 from trainkit.core._data import DataSpec
@@ -95,7 +89,7 @@ class Trainer(Configurable, config=TrainerConfig):
         seed = dist.broadcast_object(random_seed()) if config.seed is None else config.seed
         seed_everything(seed + dist.get_rank())
         if config.deterministic:
-            _set_deterministic(device)
+            setup.set_deterministic(device)
         evaluators = setup.make_evaluators(config.eval_dataloader)
         if config.eval_subset_num_batches is not None and not evaluators:
             raise ValueError(
@@ -502,12 +496,3 @@ class Trainer(Configurable, config=TrainerConfig):
             "optimizers": state.optimizers,
         }
         return {**to_plain(self.config), **to_plain(resolved), "world_size": state.world_size}
-
-
-def _set_deterministic(device: torch.device) -> None:
-    if device.type == "cuda":
-        # cuBLAS needs this before its first call to be deterministic.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
