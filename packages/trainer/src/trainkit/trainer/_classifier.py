@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainkit.core import TrainModel
-from trainkit.trainer._metrics import Accuracy, CrossEntropy
+from trainkit.trainer.metrics import Accuracy, CrossEntropy
 
 __all__ = ["Classifier"]
 

@@ -17,16 +17,13 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-from trainkit.core import dist
 from trainkit.core._data import DataSpec
 from trainkit.core._engine import Engine
 from trainkit.core._event import Event
 from trainkit.core._model import optional_method
-from trainkit.core._parallel import SingleProcess
 from trainkit.core._state import Evaluator, State
 from trainkit.core._time import Timestamp
-from trainkit.trainer._oom import OOMCheckpoints, settle
-from trainkit.trainer._private import loop_private
+from trainkit.trainer._oom import oom_checkpoints_for, settle
 from trainkit.trainer._retry import free_after_oom, restore_metrics, save_metrics
 
 __all__ = ["eval_forward", "evaluate", "predict"]
@@ -118,7 +115,7 @@ def _evaluate_batch(
     # Returns the samples and tokens counted.
     batch = state.batch
     auto = evaluator.auto_microbatching
-    checkpoints = _oom_checkpoints(state, evaluator) if auto else None
+    checkpoints = oom_checkpoints_for(state, evaluator) if auto else None
     retried = False
     try:
         while True:
@@ -161,19 +158,6 @@ def _evaluate_batch(
     finally:
         if checkpoints is not None:
             checkpoints.disarm()
-
-
-def _oom_checkpoints(state: State, evaluator: Evaluator) -> OOMCheckpoints | None:
-    # The evaluator's checkpoints when it microbatches "auto" on several ranks that hold
-    # one model together (an FSDP forward gathers each block: see trainkit.trainer._oom).
-    private = loop_private(state)
-    checkpoints = private.evaluator_checkpoints(evaluator)
-    if checkpoints is None:
-        if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):
-            return None
-        checkpoints = OOMCheckpoints()
-        private.eval_oom_checkpoints[id(evaluator)] = (evaluator, checkpoints)
-    return checkpoints
 
 
 def _eval_microbatches(

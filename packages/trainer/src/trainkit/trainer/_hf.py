@@ -19,7 +19,7 @@ from torch import nn
 
 from trainkit.core import dist
 from trainkit.core._model import TrainModel
-from trainkit.trainer._metrics import CrossEntropy, Perplexity
+from trainkit.trainer.metrics import CrossEntropy, Perplexity
 
 __all__ = ["HuggingFaceModel"]
 

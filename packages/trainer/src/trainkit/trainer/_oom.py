@@ -32,11 +32,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainkit.core import dist
+from trainkit.core._parallel import SingleProcess
+from trainkit.trainer._private import loop_private
 
 if TYPE_CHECKING:
-    from trainkit.core._state import State
+    from trainkit.core._state import Evaluator, State
 
-__all__ = ["QUIET_BATCHES", "OOMCheckpoints", "checkpoint", "settle"]
+__all__ = ["QUIET_BATCHES", "OOMCheckpoints", "checkpoint", "oom_checkpoints_for", "settle"]
 
 QUIET_BATCHES = 3
 """Batches in a row without an out-of-memory error on any rank after which the search ends
@@ -116,3 +118,21 @@ class OOMCheckpoints:
         if self._remove is not None:
             remove, self._remove = self._remove, None
             remove()
+
+
+def oom_checkpoints_for(state: State, evaluator: Evaluator | None = None) -> OOMCheckpoints | None:
+    """The run's `OOMCheckpoints` for the training step (or for ``evaluator``), made on
+    first use and kept in ``state.loop_private``; None where no rank can be left waiting in
+    a collective: one rank, or ranks that train independent replicas."""
+    if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):
+        return None
+    private = loop_private(state)
+    if evaluator is None:
+        if private.oom_checkpoints is None:
+            private.oom_checkpoints = OOMCheckpoints()
+        return private.oom_checkpoints
+    checkpoints = private.evaluator_checkpoints(evaluator)
+    if checkpoints is None:
+        checkpoints = OOMCheckpoints()
+        private.eval_oom_checkpoints[id(evaluator)] = (evaluator, checkpoints)
+    return checkpoints

@@ -15,14 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.core import dist
 from trainkit.core._engine import Engine
-from trainkit.core._parallel import SingleProcess
 from trainkit.core._state import State
-from trainkit.trainer._metrics import Metric
-from trainkit.trainer._oom import OOMCheckpoints
-from trainkit.trainer._private import loop_private
+from trainkit.trainer._oom import oom_checkpoints_for
 from trainkit.trainer._step import run_microbatches
+from trainkit.trainer.metrics import Metric
 
 __all__ = ["free_after_oom", "restore_metrics", "save_metrics", "train_batch"]
 
@@ -41,7 +38,7 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
     if not state.auto_microbatching:
         return run_microbatches(state, engine)
     batch = state.batch
-    checkpoints = _oom_checkpoints(state)
+    checkpoints = oom_checkpoints_for(state)
     out_of_memory = False
     try:
         while True:
@@ -63,17 +60,6 @@ def train_batch(state: State, engine: Engine) -> torch.Tensor:
     finally:
         if checkpoints is not None:
             checkpoints.disarm()
-
-
-def _oom_checkpoints(state: State) -> OOMCheckpoints | None:
-    # The run's OOMCheckpoints when auto-microbatching on several ranks that train one
-    # model together.
-    private = loop_private(state)
-    if private.oom_checkpoints is None:
-        if dist.get_world_size() == 1 or isinstance(state.parallelism, SingleProcess):
-            return None
-        private.oom_checkpoints = OOMCheckpoints()
-    return private.oom_checkpoints
 
 
 def save_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
