@@ -1,5 +1,6 @@
-"""bench/gpu_throughput.py on CPU: the figures it compares, and --trace's profile of the
-steps after the timed ones (the GPU figures: tests/trainer/test_gpu_training.py)."""
+"""bench/gpu_throughput.py on CPU: the figures it compares; bench/throughput_diagnostics.py:
+its changes, phases and --trace's profile of the steps after the timed ones (the GPU figures:
+tests/trainer/test_gpu_training.py)."""
 
 import importlib.util
 import json
@@ -9,14 +10,68 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_throughput.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+PARITY = BENCH / "gpu_throughput.py"
+DIAGNOSTICS = BENCH / "throughput_diagnostics.py"
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("gpu_throughput", BENCH)
+def load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_bench():
+    """The diagnostics, on a fresh copy of gpu_throughput (a test's patches stay its own)."""
+    sys.modules.pop("gpu_throughput", None)
+    return load(DIAGNOSTICS)
+
+
+def test_the_parity_report_names_each_ratio_against_its_target(capsys):
+    parity = load(PARITY)
+    args = parity.parse_args(["--device", "cpu", "--variants", "eager,trainer,fsdp,trainer_fsdp"])
+    results = [
+        {"variant": name, "tokens_per_s": speed, "peak_bytes": peak, "loss": 1.0,
+         "params": 124_000_000, "device": "NVIDIA H200"}
+        for name, speed, peak in (("eager", 100.0, 1000), ("trainer", 99.5, 1011),
+                                  ("fsdp", 100.0, 1000), ("trainer_fsdp", 98.0, 1000))
+    ]  # fmt: skip
+    missed = parity.report(args, results)
+    out = capsys.readouterr().out
+    assert "trainer/eager: tokens/s 0.995 (>= 0.99), peak memory 1.0110 (<= 1.01)" in out
+    assert missed == ["trainer memory 1.0110", "trainer_fsdp speed 0.980"]
+    # MFU: 6 * N * tokens/s over the H200's dense bf16 peak.
+    mfu = 6 * 124e6 * 100.0 / 989.4e12
+    assert f"{mfu:6.1%}" in out.splitlines()[2]
+    # The parity script knows only the parity variants; the diagnostics' live apart.
+    for wrong in ("fsdp_mesh", "eager+zero_first"):
+        with pytest.raises(SystemExit):
+            parity.parse_args(["--variants", wrong])
+        assert "unknown variants" in capsys.readouterr().err
+
+
+def test_the_parity_loops_train_the_same_model_on_the_same_batches():
+    parity = load(PARITY)
+    import torch
+
+    threads = torch.get_num_threads()
+    args = parity.parse_args(["--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1"])
+    results = {}
+    try:
+        for variant in ("eager", "fsdp", "trainer"):
+            args.worker = variant
+            results[variant] = parity.run_worker(args)
+    finally:
+        torch.set_num_threads(threads)
+    eager, fsdp, trainer = results.values()
+    # FSDP2 on one rank (gloo) is the hand-written loop; the Trainer trains the same model
+    # on the same batches (only dropout's masks differ: it seeds its own generators).
+    assert fsdp["loss"] == pytest.approx(eager["loss"], rel=1e-5)
+    assert trainer["loss"] == pytest.approx(eager["loss"], rel=5e-2)
+    assert eager["params"] == trainer["params"] > 0
+    assert all(r["tokens_per_s"] > 0 and r["peak_bytes"] is None for r in results.values())
+    assert not torch.distributed.is_initialized()  # the one-rank group is gone
 
 
 def test_idle_gaps_are_the_device_time_no_stream_was_busy():
@@ -156,7 +211,9 @@ def test_changes_move_the_work_and_keep_the_training(monkeypatch):
             "trainer+no_loss_watch+zero_after_step+no_gc_freeze+host_forward=20000",
         ):
             args.worker = variant
-            results[variant] = bench.run_worker(args)
+            results[variant] = bench.parity.run_worker(
+                args, bench.run_variant, bench.DiagnosticClock
+            )
     finally:
         torch.set_num_threads(threads)
     eager, changed, data, trainer, changed_trainer = results.values()
@@ -199,7 +256,7 @@ class ReadingClock:
 def test_trace_profiles_the_steps_after_the_timed_ones(tmp_path):
     out = tmp_path / "results.json"
     command = [
-        sys.executable, str(BENCH), "--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+        sys.executable, str(DIAGNOSTICS), "--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
         "--trace", "2", "--pyprofile", "2", "--phases", "--variants",
         "eager,trainer,fsdp_wrapped,fsdp_wrapped+split_autocast+reverse_blocks+broadcast",
         "--json", str(out),

@@ -23,6 +23,7 @@ from trainkit.trainer import Classifier, Trainer
 pytestmark = pytest.mark.gpu
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_throughput.py"
+DIAGNOSTICS = BENCH.with_name("throughput_diagnostics.py")
 
 
 class WideActivations(TrainModel):
@@ -166,10 +167,10 @@ def test_compile_on_cuda_trains_to_the_eager_loss(compile_option):
     assert sum(compiled[-8:]) < 0.5 * sum(compiled[:8])
 
 
-def run_bench(tmp_path, *options):
-    """bench/gpu_throughput.py, each variant in its own fresh process; its results by name."""
+def run_bench(tmp_path, *options, script=BENCH):
+    """A bench (gpu_throughput.py), each variant in its own fresh process; its results by name."""
     out = tmp_path / "results.json"
-    command = [sys.executable, str(BENCH), *options, "--json", str(out)]
+    command = [sys.executable, str(script), *options, "--json", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = {r["variant"]: r for r in json.loads(out.read_text())["results"]}
@@ -192,7 +193,7 @@ def test_trainer_peak_memory_is_within_one_percent_of_the_hand_written_loop(tmp_
 def test_bench_trace_on_cuda_counts_kernels_launches_and_device_time(tmp_path):
     results, table = run_bench(
         tmp_path, "--seq", "128", "--batch", "4", "--steps", "2", "--warmup", "2",
-        "--trace", "2", "--variants", "eager,trainer",
+        "--trace", "2", "--variants", "eager,trainer", script=DIAGNOSTICS,
     )  # fmt: skip
     for result in results.values():
         profile = result["profile"]

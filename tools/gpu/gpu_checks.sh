@@ -7,8 +7,10 @@
 #     gpu_tests    pytest -m gpu (bf16/fp16, real-OOM auto-microbatching, compile, fp8,
 #                  DDP/FSDP2 on NCCL, memory snapshots, the peak-memory target)
 #     throughput   bench/gpu_throughput.py --repeats $REPEATS (default 1), the variants in
-#                  $VARIANTS (default all), --trace $TRACE (default 0: no profile),
-#                  --pyprofile $PYPROFILE (default 0), and --phases when $PHASES is set
+#                  $VARIANTS (default all)
+#     diagnose     bench/throughput_diagnostics.py: throughput's options, and --trace $TRACE
+#                  (default 0: no profile), --pyprofile $PYPROFILE (default 0), --phases
+#                  when $PHASES is set; $VARIANTS may name its variants and changes
 #     default_run  `trainkit train` with its embedded defaults, in a fresh folder
 #     cpu_suite    the CPU suite on this machine (CUDA visible: tests/conftest.py hides it
 #                  from the CPU tests and their child processes)
@@ -19,9 +21,9 @@
 # The CPU suite never touches the GPU, so it can run beside gpu_tests or default_run (each
 # pytest run gets a temporary folder of its own); the GPU steps run one at a time (the
 # out-of-memory test fills the GPU, and throughput is timed). Each step is stopped after
-# its limit (LIMIT_<step> seconds: gpu_tests 540, throughput 540, default_run 480,
-# cpu_suite 480), so one hung step cannot take a whole device call; gpu_throughput.py
-# writes each variant to OUT/throughput.json as it ends. BUDGET (seconds) stops every step
+# its limit (LIMIT_<step> seconds: gpu_tests 540, throughput and diagnose 540, default_run
+# 480, cpu_suite 480), so one hung step cannot take a whole device call; both benches
+# write each variant to OUT/throughput.json as it ends. BUDGET (seconds) stops every step
 # at that long after the command began: set it a little under the device call's limit, so
 # that the summary and the logs come back.
 #
@@ -48,8 +50,8 @@ export PYTHONUNBUFFERED=1
 
 for step in "${steps[@]}"; do
   case ${step%&} in
-    gpu_tests | throughput | default_run | cpu_suite | wait) ;;
-    *) echo "unknown step '$step': use gpu_tests, throughput, default_run, cpu_suite" \
+    gpu_tests | throughput | diagnose | default_run | cpu_suite | wait) ;;
+    *) echo "unknown step '$step': use gpu_tests, throughput, diagnose, default_run, cpu_suite" \
       "(each may end in &) or wait" >&2; exit 2 ;;
   esac
 done
@@ -80,7 +82,7 @@ run_step() {
   local name=$1 start rc limit_var limit
   limit_var=LIMIT_$name
   case $name in
-    gpu_tests) limit=540 ;; throughput) limit=540 ;; default_run) limit=480 ;; *) limit=480 ;;
+    gpu_tests | throughput | diagnose) limit=540 ;; *) limit=480 ;;
   esac
   limit=${!limit_var:-$limit}
   start=$(date +%s)
@@ -94,6 +96,9 @@ run_step() {
     gpu_tests) timeout -k 15 "$limit" "$python" -m pytest -m gpu -v -p no:cacheprovider -rA \
       --basetemp "$(mktemp -d)/gpu_tests" tests ;;
     throughput) timeout -k 15 "$limit" "$python" bench/gpu_throughput.py \
+      --repeats "${REPEATS:-1}" --json "$out/throughput.json" \
+      ${VARIANTS:+--variants "$VARIANTS"} ;;
+    diagnose) timeout -k 15 "$limit" "$python" bench/throughput_diagnostics.py \
       --repeats "${REPEATS:-1}" --trace "${TRACE:-0}" --json "$out/throughput.json" \
       ${VARIANTS:+--variants "$VARIANTS"} ${PYPROFILE:+--pyprofile "$PYPROFILE"} \
       ${PHASES:+--phases} ;;
