@@ -129,6 +129,17 @@ def test_eval_settings_alone_apply_to_the_current_evaluators():
             "f1",
         ),
         ({"reset_time": "yes"}, TypeError, "reset_time=...\\) must be True or False"),
+        # Checked by the call that builds the constructor's schedule, with its words.
+        (
+            {"schedulers": [], "scale_schedule_ratio": 0.5, "duration": "4ba"},
+            ValueError,
+            "no effect",
+        ),
+        (
+            {"schedulers": [ConstantScheduler()], "step_schedulers_every_batch": "yes"},
+            ValueError,
+            "step_schedulers_every_batch must be True, False or None",
+        ),
     ],
 )
 def test_a_bad_argument_is_refused_before_anything_changes(options, error, message):

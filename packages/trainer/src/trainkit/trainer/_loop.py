@@ -87,17 +87,10 @@ def prepare_run(
     rebind_optimizers(state.optimizers, unwrapped, names_before)
     if not state.optimizers:
         state.optimizers = [torch.optim.AdamW(unwrapped.parameters(), lr=1e-3)]
-    state.schedulers = setup.make_schedulers(schedulers, state, scale_schedule_ratio)
-    if scale_schedule_ratio != 1.0:
-        if not state.schedulers:
-            raise ValueError(
-                f"scale_schedule_ratio {scale_schedule_ratio} has no effect without schedulers; "
-                "give schedulers or leave it at 1.0"
-            )
-        state.max_duration = setup.scale_max_duration(state.max_duration, scale_schedule_ratio)
-    state.step_schedulers_every_batch = setup.step_every_batch(
-        schedulers, step_schedulers_every_batch
+    state.schedulers, state.step_schedulers_every_batch = setup.make_schedule(
+        schedulers, state, scale_schedule_ratio, step_schedulers_every_batch
     )
+    state.max_duration = setup.scale_max_duration(state.max_duration, scale_schedule_ratio)
     state.train_metrics = setup.train_metrics_for(unwrapped, state.device)
     state.eval_metrics = setup.eval_metrics_for(unwrapped, state.evaluators, state.device)
     if state.train_data is not None:

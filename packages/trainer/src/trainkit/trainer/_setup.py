@@ -106,6 +106,22 @@ def make_schedulers(schedulers: Any, state: State, scale_schedule_ratio: float =
     return compiled
 
 
+def make_schedule(
+    schedulers: Any, state: State, scale_schedule_ratio: Any, step_schedulers_every_batch: Any
+) -> tuple[list[Any], bool]:
+    """The run's schedulers built on its optimizers (scaled by ``scale_schedule_ratio``) and
+    whether they step every batch: the constructor's, and a ``fit()`` stage's that gives
+    schedulers. Everything is checked before anything is built."""
+    ratio = check_scale_schedule_ratio(scale_schedule_ratio)
+    if ratio != 1.0 and not schedulers:
+        raise ValueError(
+            f"scale_schedule_ratio {ratio} has no effect without schedulers; "
+            "give schedulers or leave it at 1.0"
+        )
+    every_batch = step_every_batch(schedulers, step_schedulers_every_batch)
+    return make_schedulers(schedulers, state, ratio), every_batch
+
+
 def check_scale_schedule_ratio(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(

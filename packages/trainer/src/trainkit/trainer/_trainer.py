@@ -407,11 +407,6 @@ class Trainer(Configurable, config=TrainerConfig):
                 "schedulers given with them; pass schedulers=... too"
             )
         ratio = setup.check_scale_schedule_ratio(scale_schedule_ratio)
-        every_batch = (
-            setup.step_every_batch(schedulers, step_schedulers_every_batch)
-            if schedulers is not None
-            else state.step_schedulers_every_batch
-        )
         # How long: ``duration`` more from now (from zero with reset_time), scaled with the
         # new schedulers; without it, max_duration (scaled with them, as Composer).
         start = Timestamp() if reset_time else state.timestamp
@@ -433,9 +428,11 @@ class Trainer(Configurable, config=TrainerConfig):
             else None
         )
         # Built on the optimizers (a torch scheduler sets their learning rates): the last
-        # step that can fail.
-        new_schedulers = (
-            setup.make_schedulers(schedulers, state, ratio) if schedulers is not None else None
+        # step that can fail. The constructor's schedule is built by the same call.
+        new_schedule = (
+            setup.make_schedule(schedulers, state, ratio, step_schedulers_every_batch)
+            if schedulers is not None
+            else None
         )
 
         if reset_time:
@@ -444,9 +441,8 @@ class Trainer(Configurable, config=TrainerConfig):
             self._replace_train_data(train_data)
         if train_subset_num_batches is not None:
             state.train_subset_num_batches = subset
-        if new_schedulers is not None:
-            state.schedulers = new_schedulers
-            state.step_schedulers_every_batch = every_batch
+        if new_schedule is not None:
+            state.schedulers, state.step_schedulers_every_batch = new_schedule
         state.max_duration = max_duration
         if evaluators:
             self._eval_triggers = self._adopt_evaluators(evaluators)
