@@ -1,9 +1,15 @@
 """trainkit-core stays the small contract it promises: no import cycle among its modules (at
 module level or inside a function; type-only imports may point back), at most 4,500 lines
-of source and 35 top-level names. (import-linter checks that it imports no sibling.)"""
+of source and 35 top-level names, used by the other packages through its public names only.
+(import-linter checks that it imports no sibling.)"""
+
+import ast
+from pathlib import Path
 
 import trainkit.core
 from import_graph import cycles, exported_twice, import_graph, package_modules
+
+PACKAGES = Path(__file__).resolve().parents[2] / "packages"
 
 
 def test_core_has_no_import_cycle():
@@ -36,3 +42,27 @@ def test_the_scan_finds_a_cycle_hidden_in_a_function_and_ignores_type_only_impor
     graph = import_graph("trainkit.fake", tmp_path)
     assert graph["trainkit.fake._a"] == {"trainkit.fake._b"}
     assert cycles(graph) == [["trainkit.fake._a", "trainkit.fake._b"]]
+
+
+def test_other_packages_use_the_contract_by_its_public_names():
+    # trainkit.core and its public submodules (trainkit.core.data, ...) are the contract; its
+    # private modules may change with any release, so no package outside core imports one.
+    private = []
+    for path in sorted(PACKAGES.glob("*/src/trainkit/**/*.py")):
+        if path.is_relative_to(PACKAGES / "core"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            private += [
+                f"{path.relative_to(PACKAGES)}:{node.lineno} {name}"
+                for name in names
+                if name.startswith("trainkit.core._")
+            ]
+    assert len(list(PACKAGES.glob("*/src/trainkit/*/__init__.py"))) >= 8  # the scan sees them
+    assert private == []

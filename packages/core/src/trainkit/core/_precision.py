@@ -10,10 +10,13 @@ from typing import Any
 import torch
 
 __all__ = [
+    "NO_AUTOCAST",
     "PRECISIONS",
     "Device",
     "MixedPrecision",
     "Precision",
+    "check_device",
+    "check_precision",
     "make_precision",
     "resolve_device",
 ]
@@ -50,7 +53,7 @@ class Precision:
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         """The context for forward passes and the loss."""
-        return _NO_AUTOCAST
+        return NO_AUTOCAST
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward through ``loss`` (scaled first, where the precision scales it)."""
@@ -239,4 +242,6 @@ def resolve_device(device: Device | str | torch.device | None, local_rank: int =
     return torch.device(kind.value)
 
 
-_NO_AUTOCAST = contextlib.nullcontext()
+NO_AUTOCAST = contextlib.nullcontext()
+"""What `Precision.autocast` returns where there is nothing to cast: a loop may skip
+entering it (``if autocast is NO_AUTOCAST``), as the Trainer's step does."""

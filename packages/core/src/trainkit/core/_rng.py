@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["get_rng_state", "seed_everything", "set_rng_state"]
+__all__ = ["get_rng_state", "random_seed", "seed_everything", "set_rng_state"]
 
 
 def seed_everything(seed: int) -> None:
@@ -24,6 +24,7 @@ def seed_everything(seed: int) -> None:
 
 
 def random_seed() -> int:
+    """A fresh seed from the OS (for a run given none; broadcast it so every rank agrees)."""
     return int.from_bytes(os.urandom(4), "little")
 
 

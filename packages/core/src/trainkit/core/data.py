@@ -16,6 +16,7 @@ from trainkit.core._data_position import (
     SamplerPosition,
     StatefulLoader,
 )
+from trainkit.core._state import check_microbatch_size_value, check_subset_num_batches
 from trainkit.core._streaming import StreamingPosition
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "SamplerPosition",
     "StatefulLoader",
     "StreamingPosition",
+    "check_microbatch_size_value",
+    "check_subset_num_batches",
     "default_num_samples",
     "default_num_tokens",
     "default_split_batch",

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainkit.core._logger import Logger
+    from trainkit.core import Logger
 
 __all__ = ["RecompileWatch", "compile_options"]
 

@@ -17,12 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-from trainkit.core._data import DataSpec
-from trainkit.core._engine import Engine
-from trainkit.core._event import Event
-from trainkit.core._model import optional_method
-from trainkit.core._state import Evaluator, State
-from trainkit.core._time import Timestamp
+from trainkit.core import DataSpec, Engine, Evaluator, Event, State, Timestamp
+from trainkit.trainer._model_methods import optional_method
 from trainkit.trainer._oom import oom_checkpoints_for, settle
 from trainkit.trainer._retry import free_after_oom, restore_metrics, save_metrics
 

@@ -1,6 +1,6 @@
 """`FitGuard`: what ``fit`` watches besides training itself.
 
-- Preemption signals (`trainkit.core._preemption`): every rank stops after the same batch,
+- Preemption signals (`trainkit.core.PreemptionRequest`): every rank stops after the same batch,
   the checkpointer saves, ``fit`` raises `TrainingPreempted` (exit status 75).
 - Non-finite losses (`trainkit.trainer._nonfinite`): an error naming the batch, or one warning.
 - Errors: when ``fit`` raises, ``FIT_ABORTED`` lets components let go of what they hold.
@@ -20,17 +20,14 @@ from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
-from trainkit.core._event import Event
-from trainkit.core._parallel import SingleProcess
-from trainkit.core._preemption import TrainingPreempted
+from trainkit.core import Event, SingleProcess, TrainingPreempted
 from trainkit.trainer._nonfinite import _NONE, LossWatch, NonFiniteLossError, warn_nonfinite
 from trainkit.trainer._preemption import SignalWatch, StopVote
 
 if TYPE_CHECKING:
     import signal
 
-    from trainkit.core._engine import Engine
-    from trainkit.core._state import State
+    from trainkit.core import Engine, State
 
 __all__ = ["FitGuard"]
 

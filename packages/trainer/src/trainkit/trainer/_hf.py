@@ -17,8 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.core import dist
-from trainkit.core._model import TrainModel
+from trainkit.core import TrainModel, dist
 from trainkit.trainer.metrics import CrossEntropy, Perplexity
 
 __all__ = ["HuggingFaceModel"]

@@ -29,13 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trainkit.core import dist
-from trainkit.core._engine import Engine
-from trainkit.core._event import Event
-from trainkit.core._parallel import SingleProcess
-from trainkit.core._rebind import rebind_optimizers
-from trainkit.core._state import State
-from trainkit.core._time import TimeUnit
+from trainkit.core import Engine, Event, SingleProcess, State, TimeUnit, dist, rebind_optimizers
 from trainkit.trainer import _setup as setup
 from trainkit.trainer._compile import RecompileWatch, compile_options
 from trainkit.trainer._private import loop_private

@@ -31,12 +31,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainkit.core import dist
-from trainkit.core._parallel import SingleProcess
+from trainkit.core import SingleProcess, dist
 from trainkit.trainer._private import loop_private
 
 if TYPE_CHECKING:
-    from trainkit.core._state import Evaluator, State
+    from trainkit.core import Evaluator, State
 
 __all__ = ["QUIET_BATCHES", "OOMCheckpoints", "checkpoint", "oom_checkpoints_for", "settle"]
 

@@ -9,9 +9,8 @@ import warnings
 import torch
 from torch import nn
 
-from trainkit.core import dist, plugins
-from trainkit.core._parallel import ParallelStrategy, SingleProcess
-from trainkit.core._precision import Device, check_device
+from trainkit.core import Device, ParallelStrategy, SingleProcess, dist, plugins
+from trainkit.core.precision import check_device
 
 __all__ = ["distributed_by_user", "join_process_group", "resolve_parallelism"]
 

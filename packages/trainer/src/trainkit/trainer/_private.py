@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainkit.core._state import Evaluator, State
+    from trainkit.core import Evaluator, State
     from trainkit.trainer._compile import RecompileWatch
     from trainkit.trainer._oom import OOMCheckpoints
 

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.core._engine import Engine
-from trainkit.core._state import State
+from trainkit.core import Engine, State
 from trainkit.trainer._oom import oom_checkpoints_for
 from trainkit.trainer._step import run_microbatches
 from trainkit.trainer.metrics import Metric

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from trainkit.core._time import Time, TimeUnit, ensure_time
+from trainkit.core import Time, TimeUnit, ensure_time
 from trainkit.core.interval import as_fraction
 
 if TYPE_CHECKING:
-    from trainkit.core._state import State
+    from trainkit.core import State
 
 
 @runtime_checkable

@@ -12,13 +12,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.core import dist, plugins
-from trainkit.core._data import DataSpec
-from trainkit.core._destination import LoggerDestination
-from trainkit.core._model import TrainModel
-from trainkit.core._progress import ProgressLines
-from trainkit.core._state import Evaluator, State, check_microbatch_size_value
-from trainkit.core._time import Time, TimeUnit
+from trainkit.core import (
+    DataSpec,
+    Evaluator,
+    LoggerDestination,
+    State,
+    Time,
+    TimeUnit,
+    TrainModel,
+    dist,
+    plugins,
+)
+from trainkit.core.data import check_microbatch_size_value
+from trainkit.core.progress import ProgressLines
 from trainkit.trainer.schedulers import Scheduler
 
 __all__ = [

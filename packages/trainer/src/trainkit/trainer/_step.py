@@ -12,14 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.core import dist
-from trainkit.core._engine import Engine
-from trainkit.core._event import Event
-from trainkit.core._logger import Logger
-from trainkit.core._model import optional_method
-from trainkit.core._parallel import SingleProcess
-from trainkit.core._precision import _NO_AUTOCAST
-from trainkit.core._state import State
+from trainkit.core import Engine, Event, Logger, SingleProcess, State, dist
+from trainkit.core.precision import NO_AUTOCAST
+from trainkit.trainer._model_methods import optional_method
 from trainkit.trainer._oom import OTHER_RANK_MESSAGE, settle
 
 __all__ = [
@@ -138,7 +133,7 @@ def _forward_backward(
     # loss weighted by the microbatch's share of this rank's batch. The backward also
     # weighs it by ``share``, this rank's part of the data-parallel batch (`_rank_share`).
     engine.run_event(Event.BEFORE_FORWARD)
-    if autocast is _NO_AUTOCAST:  # fp32: no context to enter (this runs every step)
+    if autocast is NO_AUTOCAST:  # fp32: no context to enter (this runs every step)
         state.outputs = model(state.batch)
     else:
         with autocast:
@@ -147,7 +142,7 @@ def _forward_backward(
     if state.train_metrics:
         _update_train_metrics(state, unwrapped)
     engine.run_event(Event.BEFORE_LOSS)
-    if autocast is _NO_AUTOCAST:
+    if autocast is NO_AUTOCAST:
         state.loss = unwrapped.loss(state.outputs, state.batch)
     else:
         with autocast:

@@ -21,21 +21,25 @@ import logging
 import time
 from typing import Any
 
-from trainkit.core import dist
-from trainkit.core._data import DataSpec
-from trainkit.core._engine import Engine
-from trainkit.core._event import Event
-from trainkit.core._interval import IntervalTrigger, interval_trigger
-from trainkit.core._logger import Logger
-from trainkit.core._precision import (
+from trainkit.core import (
+    DataSpec,
+    Engine,
+    Evaluator,
+    Event,
+    Logger,
     Precision,
-    make_precision,
-    resolve_device,
+    State,
+    Time,
+    Timestamp,
+    TimeUnit,
+    dist,
+    ensure_time,
 )
-from trainkit.core._rng import random_seed, seed_everything
-from trainkit.core._state import Evaluator, State, check_subset_num_batches
-from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
 from trainkit.core.config import Configurable, to_plain
+from trainkit.core.data import check_subset_num_batches
+from trainkit.core.interval import IntervalTrigger, interval_trigger
+from trainkit.core.precision import make_precision, resolve_device
+from trainkit.core.rng import random_seed, seed_everything
 from trainkit.trainer import _setup as setup
 from trainkit.trainer._eval import evaluate, predict
 from trainkit.trainer._fit_guard import FitGuard

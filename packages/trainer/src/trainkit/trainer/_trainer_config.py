@@ -9,14 +9,20 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from trainkit.core._callback import Algorithm
-from trainkit.core._destination import LoggerDestination
-from trainkit.core._interval import IntervalTrigger, interval_trigger
-from trainkit.core._parallel import ParallelStrategy
-from trainkit.core._precision import Precision, check_device, check_precision
-from trainkit.core._state import check_microbatch_size_value, check_subset_num_batches
-from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
+from trainkit.core import (
+    Algorithm,
+    LoggerDestination,
+    ParallelStrategy,
+    Precision,
+    Time,
+    Timestamp,
+    TimeUnit,
+    ensure_time,
+)
 from trainkit.core.config import slot
+from trainkit.core.data import check_microbatch_size_value, check_subset_num_batches
+from trainkit.core.interval import IntervalTrigger, interval_trigger
+from trainkit.core.precision import check_device, check_precision
 from trainkit.trainer import _setup as setup
 from trainkit.trainer._compile import compile_options
 from trainkit.trainer._nonfinite import check_nonfinite_mode

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainkit.core._time import Time, ensure_time
+from trainkit.core import Time, ensure_time
 from trainkit.core.config import Configurable
 from trainkit.trainer._schedule_time import (
     _check_alpha,
@@ -20,7 +20,7 @@ from trainkit.trainer._schedule_time import (
 )
 
 if TYPE_CHECKING:
-    from trainkit.core._state import State
+    from trainkit.core import State
 
 
 @dataclass(kw_only=True)

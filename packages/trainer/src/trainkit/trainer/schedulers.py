@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainkit.core._time import Time, ensure_time
+from trainkit.core import Time, ensure_time
 from trainkit.core.config import Configurable
 from trainkit.trainer._schedule_time import (
     Scheduler,
@@ -58,7 +58,7 @@ from trainkit.trainer._warmup_schedules import (
 )
 
 if TYPE_CHECKING:
-    from trainkit.core._state import State
+    from trainkit.core import State
 
 __all__ = [
     "ConstantScheduler",
