@@ -1,7 +1,7 @@
 """trainkit-core stays the small contract it promises: no import cycle among its modules (at
-module level or inside a function; type-only imports may point back), at most 4,500 lines
-of source and 35 top-level names, used by the other packages through its public names only.
-(import-linter checks that it imports no sibling.)"""
+module level or inside a function; type-only imports may point back), at most 4,600 lines
+of source and 35 top-level names, used by the other packages through its public names
+only. (import-linter checks that it imports no sibling.)"""
 
 import ast
 from pathlib import Path
@@ -20,8 +20,10 @@ def test_core_stays_small():
     lines = sum(
         len(path.read_text().splitlines()) for path in package_modules("trainkit.core").values()
     )
-    assert lines <= 4500, (
-        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,500"
+    # 4,500 at the split (issue 51); since then the contract grew by the rule that a model
+    # built on the meta device is initialised by (trainkit.core.meta, issue 53).
+    assert lines <= 4600, (
+        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,600"
     )
     assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from trainkit.core import Callback
 from trainkit.trainer import HuggingFaceModel, Trainer
@@ -286,6 +287,31 @@ def test_from_config_builds_a_fresh_model_from_a_mapping_or_a_config():
     classifier = HuggingFaceModel.from_config(bert, task="sequence-classification")
     batch = {"input_ids": torch.randint(0, 64, (2, 5)), "labels": torch.tensor([0, 2])}
     assert classifier(batch).logits.shape == (2, 3)
+
+
+def test_from_config_on_the_meta_device_is_allocated_and_initialised_by_the_trainer():
+    fields = {"model_type": "llama", "vocab_size": 64, "hidden_size": 16,
+              "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 1}  # fmt: skip
+    model = HuggingFaceModel.from_config(fields, meta=True)
+    assert all(p.is_meta for p in model.parameters())
+    ids = torch.randint(0, 64, (16, 8), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    trainer = Trainer(model=model, train_dataloader=DataLoader(data, batch_size=4),
+                      max_duration="2ba", device="cpu", seed=5, progress_bar=False)  # fmt: skip
+    llama = trainer.state.model.model
+    assert not any(p.is_meta or b.is_meta for p in llama.parameters() for b in llama.buffers())
+    # transformers' init: normal(0, initializer_range) projections, unit norms, and the
+    # rotary frequencies it computes (a buffer the meta device left empty).
+    std = llama.config.initializer_range
+    assert float(llama.model.layers[0].mlp.up_proj.weight.std()) == pytest.approx(std, rel=0.2)
+    assert torch.equal(llama.model.norm.weight.detach(), torch.ones(16))
+    built = HuggingFaceModel.from_config(fields).model.model.rotary_emb.inv_freq
+    assert torch.equal(llama.model.rotary_emb.inv_freq, built)
+    trainer.fit()
+    assert 3.5 < float(trainer.state.loss) < 4.8  # about ln(64) = 4.16: a working model
+    with pytest.raises(TypeError, match="meta must be True or False"):
+        HuggingFaceModel.from_config(fields, meta="yes")
 
 
 def test_from_config_names_what_is_missing_or_unknown():

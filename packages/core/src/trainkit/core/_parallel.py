@@ -29,7 +29,7 @@ class ParallelStrategy(Configurable, abc.ABC):
     """How the model is placed across processes.
 
     ``prepare`` wraps or shards ``state.model`` in place (the model is already on
-    ``state.device``); the run then re-binds the optimizers to the new parameters by name.
+    ``state.device``, or on the meta device for a strategy that `materializes_meta`); the run then re-binds the optimizers to the new parameters by name.
     Subclass it, implement ``prepare`` and ``data_parallel_size``, and override the rest
     where the defaults (a single replica's behaviour) do not fit.
     """
@@ -37,6 +37,11 @@ class ParallelStrategy(Configurable, abc.ABC):
     needs_process_group: ClassVar[bool] = False
     """True for strategies that communicate (DDP, FSDP, tensor parallel): run without a
     launcher, the Trainer then starts a one-rank process group for them (as Composer)."""
+
+    materializes_meta: ClassVar[bool] = False
+    """True for strategies that take a model on the meta device and allocate and initialise
+    it part by part where its shards live (FSDP, with `trainkit.core.meta.materialize`); for
+    the others the run materialises the whole model on ``state.device`` first."""
 
     @abc.abstractmethod
     def prepare(self, state: State) -> None:

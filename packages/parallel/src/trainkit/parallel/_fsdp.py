@@ -6,6 +6,11 @@
 2. activation checkpointing (``activation_checkpointing``),
 3. ``torch.compile`` of each block (``compile``),
 4. ``fully_shard`` of each block, then of the whole model, on the data-parallel dims.
+
+A model built on the meta device is allocated and initialised one block at a time, each
+block just before it is sharded (`trainkit.core.meta.materialize`): no rank ever holds
+more than its shards and one whole block, and the weights are those one process would
+initialise with the same seed, on any number of ranks.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch.distributed.fsdp import (
 
 from trainkit.core import ParallelStrategy, Precision, State, dist
 from trainkit.core.config import slot
+from trainkit.core.meta import materialize, on_meta
 from trainkit.parallel._common import (
     ModuleSelector,
     broadcast_module_states,
@@ -82,7 +88,8 @@ class FSDPConfig:
     """``torch.compile`` each block (True, or keyword arguments for ``torch.compile``)."""
     sync_module_states: bool = True
     """Copy rank 0's weights to all ranks before sharding (so ranks that initialised the
-    model differently still train one model); False skips the broadcast."""
+    model differently still train one model); False skips the broadcast. A model on the
+    meta device needs none: every rank initialises its blocks from the run's seed."""
 
     def __post_init__(self) -> None:
         if self.sharding not in _SHARDING:
@@ -127,6 +134,7 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
 
     config: FSDPConfig
     needs_process_group = True
+    materializes_meta = True
 
     def __init__(self, config: FSDPConfig | None = None, /, **options: Any) -> None:
         super().__init__(config, **options)
@@ -171,7 +179,13 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         dims = self.dims(world_size)
         mesh = dims.build_mesh(state.device.type, world_size)
         model = state.model
-        if self.config.sync_module_states:
+        meta = on_meta(model)
+        if meta and self.config.tensor_parallel is not None:
+            raise ValueError(
+                "FSDP(tensor_parallel=...) cannot take a model on the meta device yet; build "
+                "the model on a real device, or drop tensor_parallel"
+            )
+        if self.config.sync_module_states and not meta:  # meta: every rank inits the same
             broadcast_module_states(model)
         if self.config.tensor_parallel is not None:
             apply_tensor_parallel(model, self.config.tensor_parallel.config.plan, mesh["tensor"])
@@ -185,8 +199,12 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
             "offload_policy": _offload_policy(self.config.cpu_offload, state.device),
         }
         reshard = self._reshard_after_forward()
-        for block in blocks:
+        for i, block in enumerate(blocks):
+            if meta:  # allocated and initialised whole one block at a time, then sharded
+                materialize(model, state.device, state.seed, part=block, skip=blocks[:i])
             fully_shard(block, reshard_after_forward=reshard, **options)
+        if meta:
+            materialize(model, state.device, state.seed, skip=blocks)
         # None lets FSDP keep the root gathered after forward: backward needs it first.
         fully_shard(model, reshard_after_forward=self.config.reshard_after_forward, **options)
         self._dims = dims

@@ -7,6 +7,7 @@ output with ``loss`` and ``logits`` (and, for evaluation by generation, has ``ge
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import os
@@ -133,6 +134,7 @@ class HuggingFaceModel(TrainModel):
         tokenizer: Any = None,
         metrics: Mapping[str, Any] | Sequence[Any] | None = None,
         eval_metrics: Mapping[str, Any] | Sequence[Any] | None = None,
+        meta: bool = False,
     ) -> HuggingFaceModel:
         """A randomly initialised transformers model built from its config, wrapped.
 
@@ -149,6 +151,9 @@ class HuggingFaceModel(TrainModel):
             tokenizer: kept for callbacks that generate text (optional).
             metrics: training metrics (see the constructor).
             eval_metrics: eval metrics (see the constructor).
+            meta: build it on the meta device (nothing allocated): the Trainer allocates
+                and initialises it on its device, or FSDP block by block on each rank's
+                shards, with transformers' own init (``trainkit.core.meta``).
         """
         import transformers  # only here: the wrapper itself never needs it
 
@@ -163,7 +168,10 @@ class HuggingFaceModel(TrainModel):
                     f"(e.g. 'gpt2', 'llama', 'bert'), beside its fields; got keys {sorted(config)}"
                 )
             config = transformers.AutoConfig.for_model(model_type, **fields)
-        model = getattr(transformers, _TASKS[task]).from_config(config)
+        if not isinstance(meta, bool):
+            raise TypeError(f"meta must be True or False, got {meta!r}")
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            model = getattr(transformers, _TASKS[task]).from_config(config)
         return cls(model, tokenizer=tokenizer, metrics=metrics, eval_metrics=eval_metrics)
 
     @property

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import torch
 
 from trainkit.core import Engine, Event, SingleProcess, State, TimeUnit, dist, rebind_optimizers
+from trainkit.core.meta import materialize, on_meta
 from trainkit.trainer import _setup as setup
 from trainkit.trainer._compile import RecompileWatch, compile_options
 from trainkit.trainer._private import loop_private
@@ -57,7 +58,8 @@ def prepare_run(
     """From a built `State` to the first batch: INIT, placement, strategy, loading.
 
     Fires INIT (surgery algorithms change the model here), moves the model to
-    ``state.device``, lets the strategy wrap or shard it (and adapt the precision), compiles
+    ``state.device`` (a model on the meta device is allocated there and initialised by
+    its own init, or by a strategy that `materializes_meta` shard by shard), lets the strategy wrap or shard it (and adapt the precision), compiles
     it in place when ``compile`` is True or a dict of ``torch.compile`` keyword arguments
     (through the strategy's ``compile``: per block under FSDP), re-binds optimizers built on the
     original parameters (or builds AdamW if there are none), compiles ``schedulers`` (scaling
@@ -68,7 +70,10 @@ def prepare_run(
     """
     names_before = {id(p): n for n, p in state.model.named_parameters()}
     engine.run_event(Event.INIT)
-    state.model.to(state.device)
+    if not on_meta(state.model):
+        state.model.to(state.device)
+    elif not state.parallelism.materializes_meta:  # allocated on the device, no CPU copy
+        materialize(state.model, state.device, state.seed)
     state.parallelism.prepare(state)
     state.data_parallel_size = state.parallelism.data_parallel_size
     state.precision = state.parallelism.precision_for(state.precision)

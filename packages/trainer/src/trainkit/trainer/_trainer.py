@@ -38,6 +38,7 @@ from trainkit.core import (
 from trainkit.core.config import Configurable, to_plain
 from trainkit.core.data import check_subset_num_batches
 from trainkit.core.interval import IntervalTrigger, interval_trigger
+from trainkit.core.meta import on_meta
 from trainkit.core.precision import make_precision, resolve_device
 from trainkit.core.rng import random_seed, seed_everything
 from trainkit.trainer import _setup as setup
@@ -112,7 +113,7 @@ class Trainer(Configurable, config=TrainerConfig):
         )
         run_name = config.run_name or setup.default_run_name()
         self.state = state = State(
-            model=model.to(device),
+            model=model if on_meta(model) else model.to(device),  # meta: in prepare_run
             optimizers=optimizers,
             train_data=train_data,
             evaluators=evaluators,
