@@ -116,3 +116,36 @@ def test_a_huggingface_model_built_on_the_meta_device_trains_under_fsdp():
     assert max_difference(from_bytes(weights), initial) == 0.0
     assert tied and all(result[1] for result in results)
     assert 3.0 < loss < 5.0  # ln(64) = 4.16 at the start: a working language model
+
+
+def _pretrained_fsdp(rank, world, folder):
+    from trainkit.trainer import HuggingFaceModel
+
+    def build():
+        model = HuggingFaceModel.from_pretrained(folder, meta=True, tokenizer=None)
+        MODEL[:] = [model]
+        return model
+
+    trainer = make_trainer(FSDP(), rank, world, model=build, data=Tokens())
+    local = {
+        name: p.to_local().numel() for name, p in trainer.state.model.named_parameters()
+    }
+    loaded = full_weights(trainer.state.model)
+    trainer.fit()
+    return to_bytes(loaded), local, float(trainer.state.loss.detach())
+
+
+def test_a_safetensors_folder_loads_straight_into_the_shards_and_trains_on(tmp_path):
+    import_transformers()
+    saved = gpt2()  # the helpers' GPT-2, its weights saved as transformers saves them
+    saved.model.save_pretrained(tmp_path / "gpt2")
+    expected = {f"model.{k}": v for k, v in saved.model.state_dict().items()}
+    results = run_ranks(_pretrained_fsdp, 2, str(tmp_path / "gpt2"))
+    loaded, local, loss = results[0]
+    assert max_difference(from_bytes(loaded), expected) == 0.0
+    whole = {f"model.{k}": v.numel() for k, v in saved.model.named_parameters()}
+    # Each rank holds half of every (sharded) tensor: it read its slices, not the file.
+    for _, shards, _ in results:
+        assert all(shards[name] <= (whole[name] + 1) // 2 + 64 for name in whole)
+        assert sum(shards.values()) <= sum(whole.values()) // 2 + 64 * len(whole)
+    assert 3.0 < loss < 5.0

@@ -304,14 +304,62 @@ def test_from_config_on_the_meta_device_is_allocated_and_initialised_by_the_trai
     # transformers' init: normal(0, initializer_range) projections, unit norms, and the
     # rotary frequencies it computes (a buffer the meta device left empty).
     std = llama.config.initializer_range
-    assert float(llama.model.layers[0].mlp.up_proj.weight.std()) == pytest.approx(std, rel=0.2)
+    assert float(llama.model.layers[0].mlp.up_proj.weight.detach().std()) == pytest.approx(
+        std, rel=0.2
+    )
     assert torch.equal(llama.model.norm.weight.detach(), torch.ones(16))
     built = HuggingFaceModel.from_config(fields).model.model.rotary_emb.inv_freq
     assert torch.equal(llama.model.rotary_emb.inv_freq, built)
     trainer.fit()
-    assert 3.5 < float(trainer.state.loss) < 4.8  # about ln(64) = 4.16: a working model
+    assert 3.5 < float(trainer.state.loss.detach()) < 4.8  # about ln(64) = 4.16: a working model
     with pytest.raises(TypeError, match="meta must be True or False"):
         HuggingFaceModel.from_config(fields, meta="yes")
+
+
+def _saved_gpt2(folder, seed=0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=64, n_positions=16,
+                        bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = GPT2LMHeadModel(config)
+    model.save_pretrained(folder)  # safetensors: the tied head is stored once
+    return model
+
+
+def test_from_pretrained_on_the_meta_device_reads_the_weights_once_placed(tmp_path):
+    saved = _saved_gpt2(tmp_path / "gpt2")
+    model = HuggingFaceModel.from_pretrained(tmp_path / "gpt2", meta=True)
+    assert all(p.is_meta for p in model.parameters())
+    ids = torch.randint(0, 64, (16, 8), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    trainer = Trainer(model=model, train_dataloader=DataLoader(data, batch_size=4),
+                      max_duration="2ba", device="cpu", seed=5, progress_bar=False)  # fmt: skip
+    placed = trainer.state.model.model
+    assert placed.lm_head.weight is placed.transformer.wte.weight
+    for name, value in saved.state_dict().items():
+        assert torch.equal(placed.state_dict()[name], value), name  # the saved weights
+    trainer.fit()
+    assert math.isfinite(float(trainer.state.loss.detach()))
+
+
+def test_from_pretrained_on_the_meta_device_names_what_it_cannot_read(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    saved = _saved_gpt2(tmp_path / "bin")
+    saved.save_pretrained(tmp_path / "bin", safe_serialization=False)
+    for file in (tmp_path / "bin").glob("*.safetensors"):
+        file.unlink()
+    with pytest.raises(ValueError, match=r"reads the weights from the folder's \*.safetensors"):
+        HuggingFaceModel.from_pretrained(tmp_path / "bin", meta=True)
+    _saved_gpt2(tmp_path / "partial")
+    [file] = (tmp_path / "partial").glob("*.safetensors")
+    tensors = load_file(file)
+    del tensors["transformer.h.1.mlp.c_fc.weight"]
+    save_file(tensors, file, metadata={"format": "pt"})
+    model = HuggingFaceModel.from_pretrained(tmp_path / "partial", meta=True)
+    with pytest.raises(ValueError, match=r"lack \['transformer.h.1.mlp.c_fc.weight'\] \(1 of"):
+        Trainer(model=model, device="cpu", progress_bar=False)
 
 
 def test_from_config_names_what_is_missing_or_unknown():

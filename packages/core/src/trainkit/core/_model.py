@@ -24,6 +24,10 @@ class TrainModel(nn.Module):
     define ``loss_weight(batch)``: how many items of that kind a batch holds. Gradient
     accumulation then weights microbatches by it, and data-parallel ranks are weighted by
     it too, so the gradient equals one process's on the whole step's batch.
+
+    A model built on the meta device may define ``load_weights()``: called once the run has
+    placed (and sharded) it and initialised it (`trainkit.core.meta`), before a checkpoint
+    resumes; where it reads pretrained weights into its shards.
     """
 
     loss_weight: Callable[[Any], Any] | None = None

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import inspect
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ class HuggingFaceModel(TrainModel):
         *,
         task: str | None = None,
         tokenizer: Any = "auto",
+        meta: bool = False,
         **options: Any,
     ) -> HuggingFaceModel:
         """A model (and its tokenizer) from a ``save_pretrained`` folder, ready to train on.
@@ -115,15 +117,71 @@ class HuggingFaceModel(TrainModel):
                 config's ``architectures`` names.
             tokenizer: ``"auto"``: the folder's tokenizer when it has one; None: none; or a
                 tokenizer object to keep.
+            meta: build the model on the meta device and read the weights only once the
+                Trainer has placed it (`load_weights`): under FSDP each rank reads just its
+                shards from the folder's safetensors files, so a model larger than one
+                process's memory loads (a local folder of ``*.safetensors`` files).
             options: passed to the wrapper (``metrics``, ``eval_metrics``,
                 ``shift_labels``, ``use_logits``, ``eval_generation_kwargs``).
         """
         import transformers  # only here: the wrapper itself never needs it
 
-        model = _pretrained_model(transformers, path, task)
+        if not isinstance(meta, bool):
+            raise TypeError(f"meta must be True or False, got {meta!r}")
+        if meta and not any(Path(path).glob("*.safetensors")):
+            raise ValueError(
+                f"{path}: from_pretrained(meta=True) reads the weights from the folder's "
+                "*.safetensors files, and it has none; save it with save_pretrained("
+                "safe_serialization=True), or load it with meta=False"
+            )
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            model = _pretrained_model(transformers, path, task, meta)
         if isinstance(tokenizer, str) and tokenizer == "auto":
             tokenizer = _pretrained_tokenizer(transformers, path)
-        return cls(model, tokenizer=tokenizer, **options)
+        wrapped = cls(model, tokenizer=tokenizer, **options)
+        wrapped._weights_folder = Path(path) if meta else None
+        return wrapped
+
+    def load_weights(self) -> None:
+        """Read the weights of ``from_pretrained(..., meta=True)``'s folder into the model as
+        it is placed now: each rank only the slices of its shards (torch.distributed.
+        checkpoint's safetensors reader). The Trainer calls it once the strategy has
+        prepared the model, before a checkpoint resumes; nothing to do otherwise."""
+        folder = getattr(self, "_weights_folder", None)
+        if folder is None:
+            return
+        from torch.distributed.checkpoint import HuggingFaceStorageReader, load
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            set_model_state_dict,
+        )
+
+        reader = HuggingFaceStorageReader(str(folder))
+        stored = set(reader.read_metadata().state_dict_metadata)
+        state = get_model_state_dict(self.model)
+        # save_pretrained keeps one name of tied weights (GPT-2's head is its embedding).
+        names: dict[int, set[str]] = {}
+        for name, parameter in self.model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(parameter), set()).add(name)
+        covered = set(stored).union(*(same for same in names.values() if same & stored))
+        missing = [name for name in state if name not in covered]
+        if missing:
+            raise ValueError(
+                f"{folder}: its safetensors files lack {missing[:5]} "
+                f"({len(missing)} of the model's {len(state)} tensors); it holds e.g. "
+                f"{sorted(stored)[:3]}: save the model with save_pretrained, or load it with "
+                "meta=False"
+            )
+        one_process = not torch.distributed.is_initialized()
+        with warnings.catch_warnings():  # one process: DCP says so on every load
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            load(
+                {k: v for k, v in state.items() if k in stored},
+                storage_reader=reader,
+                no_dist=one_process,
+            )
+        set_model_state_dict(self.model, state)
+        self._weights_folder = None
 
     @classmethod
     def from_config(
@@ -332,12 +390,18 @@ _TASKS = {
 }
 
 
-def _pretrained_model(transformers: Any, path: str | os.PathLike[str], task: str | None) -> Any:
+def _pretrained_model(
+    transformers: Any, path: str | os.PathLike[str], task: str | None, meta: bool = False
+) -> Any:
+    # meta: the model its config describes, weights not read (HuggingFaceModel.load_weights).
     if task is not None and task not in _TASKS:
         raise ValueError(f"task {task!r} is not known; use one of {sorted(_TASKS)} or None")
-    if task is not None:
-        return getattr(transformers, _TASKS[task]).from_pretrained(path, trust_remote_code=False)
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    if task is not None:
+        found = getattr(transformers, _TASKS[task])
+        if meta:
+            return found.from_config(config)
+        return found.from_pretrained(path, trust_remote_code=False)
     names = config.architectures or []
     found = getattr(transformers, names[0], None) if len(names) == 1 else None
     if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
@@ -345,6 +409,8 @@ def _pretrained_model(transformers: Any, path: str | os.PathLike[str], task: str
             f"{path}: its config names the model class(es) {names!r}, not one class of "
             f"transformers; pass task= one of {sorted(_TASKS)}"
         )
+    if meta:
+        return found(config)
     return found.from_pretrained(path, trust_remote_code=False)
 
 

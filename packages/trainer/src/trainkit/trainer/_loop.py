@@ -33,6 +33,7 @@ from trainkit.core import Engine, Event, SingleProcess, State, TimeUnit, dist, r
 from trainkit.core.meta import materialize, on_meta
 from trainkit.trainer import _setup as setup
 from trainkit.trainer._compile import RecompileWatch, compile_options
+from trainkit.trainer._model_methods import optional_method
 from trainkit.trainer._private import loop_private
 from trainkit.trainer._step import StepReplay, scheduler_step
 
@@ -83,6 +84,9 @@ def prepare_run(
         loop_private(state).recompiles = RecompileWatch()
     state.replay_step = StepReplay(state, engine.logger)
     unwrapped = state.parallelism.unwrap(state.model)
+    load_weights = optional_method(unwrapped, "load_weights")
+    if load_weights is not None:  # pretrained weights into a meta-built model, as placed now
+        load_weights()
     rebind_optimizers(state.optimizers, unwrapped, names_before)
     if not state.optimizers:
         state.optimizers = [torch.optim.AdamW(unwrapped.parameters(), lr=1e-3)]
