@@ -243,3 +243,10 @@ def test_a_filename_with_its_own_folder_is_not_put_inside_the_folder_again(tmp_p
 def test_a_filename_outside_the_given_folder_is_refused_with_both_spellings():
     with pytest.raises(ValueError, match=r"folder='logs', filename='m.jsonl'.*filename='logs/m"):
         FileLogger(folder="runs/a", filename="logs/m.jsonl")
+
+
+def test_composer_file_logger_arguments_are_answered():
+    with pytest.raises(
+        TypeError, match=r"capture_stdout: not offered.*buffer_size: use flush_interval"
+    ):
+        FileLogger(filename="log.txt", capture_stdout=True, buffer_size=1)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from trainkit.core import State
 from trainkit.loggers._common import (
@@ -27,6 +27,18 @@ _DEFAULT_FOLDER = "runs/{run_name}"
 
 @dataclass(kw_only=True)
 class FileLoggerConfig(BufferedDestinationConfig):
+    unknown_field_hints: ClassVar[dict[str, str]] = {
+        # Composer's FileLogger (a text log) arguments that a port may still pass.
+        "remote_file_name": "not offered: log to a remote destination as well (WandBLogger, "
+        "MLflowLogger, ...)",
+        "capture_stdout": "not offered: the file holds logged values, not console output",
+        "capture_stderr": "not offered: the file holds logged values, not console output",
+        "log_level": "not needed: every logged value is written",
+        "log_traces": "give the Trainer log_traces=True",
+        "buffer_size": "use flush_interval=... (seconds between writes)",
+        "overwrite": "not offered: a resumed run appends; give a new folder or filename",
+    }
+
     folder: str | Path = _DEFAULT_FOLDER
     """The run's folder; ``{run_name}`` and ``{rank}`` are filled in when the run starts
     (a `Path` is kept as its text)."""
