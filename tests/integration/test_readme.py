@@ -1,16 +1,14 @@
-"""The README's example runs as written."""
+"""The README's example runs as written (its other blocks: tests/integration/test_doc_blocks.py)."""
 
-import re
-from pathlib import Path
-
-README = Path(__file__).parents[2] / "README.md"
+from doc_blocks import ROOT, blocks
 
 
 def test_readme_example_trains(capsys):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) == 1
+    readme = ROOT / "README.md"
+    python = [block for block in blocks(readme) if block.language == "python"]
+    assert len(python) == 1
     namespace: dict = {}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+    exec(compile(python[0].code, str(readme), "exec"), namespace)
     trainer = namespace["trainer"]
     assert trainer.state.timestamp.epoch == 10
     assert trainer.state.device_train_microbatch_size is None  # never ran out of memory

@@ -2,6 +2,7 @@
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,3 +222,31 @@ def test_nested_hyperparameters_stay_nested(tmp_path):
     file.log_hyperparameters(nested)
     file.close()
     assert read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]["hyperparameters"] == nested
+
+
+def test_a_filename_with_its_own_folder_is_not_put_inside_the_folder_again(tmp_path, monkeypatch):
+    # Composer's FileLogger(filename=...) is a path of its own; it used to land in
+    # runs/{run_name}/runs/port/log.txt (or runs/port/runs/port/log.txt).
+    monkeypatch.chdir(tmp_path)
+    alone = FileLogger(filename="runs/port/log.txt")
+    repeated = FileLogger(folder="runs/port", filename="runs/port/log2.txt")
+    with _trainer(tmp_path, alone, repeated, run_name="port", duration="1ep") as trainer:
+        trainer.fit()
+    assert alone.path == repeated.path.with_name("log.txt") == Path("runs/port/log.txt")
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("log*.txt")) == [
+        "runs/port/log.txt",
+        "runs/port/log2.txt",
+    ]
+    assert read_jsonl(tmp_path / "runs/port/log.txt")[0]["hyperparameters"]["run_name"] == "port"
+
+
+def test_a_filename_outside_the_given_folder_is_refused_with_both_spellings():
+    with pytest.raises(ValueError, match=r"folder='logs', filename='m.jsonl'.*filename='logs/m"):
+        FileLogger(folder="runs/a", filename="logs/m.jsonl")
+
+
+def test_composer_file_logger_arguments_are_answered():
+    with pytest.raises(
+        TypeError, match=r"capture_stdout: not offered.*buffer_size: use flush_interval"
+    ):
+        FileLogger(filename="log.txt", capture_stdout=True, buffer_size=1)

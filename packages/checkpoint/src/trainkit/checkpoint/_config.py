@@ -6,7 +6,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from trainkit.checkpoint._commit import LATEST
 from trainkit.checkpoint._manifest import check_checksum
@@ -22,6 +22,22 @@ __all__ = ["CheckpointerConfig"]
 @dataclass(kw_only=True)
 class CheckpointerConfig:
     """The options of `Checkpointer` (and the ``checkpoint:`` section of a CLI config)."""
+
+    unknown_field_hints: ClassVar[dict[str, str]] = {
+        # Composer's CheckpointSaver arguments, and the Trainer's save_* spellings.
+        "save_interval": "use interval=... (e.g. '500ba', '1ep')",
+        "num_checkpoints_to_keep": "use keep=... (-1: all)",
+        "save_num_checkpoints_to_keep": "use keep=... (-1: all)",
+        "filename": "use name_format=... (each checkpoint is a folder, e.g. 'ep{epoch}-ba{batch}')",
+        "save_filename": "use name_format=... (e.g. 'ep{epoch}-ba{batch}')",
+        "save_folder": "use folder=...",
+        "remote_file_name": "give a URL as folder (e.g. 's3://bucket/runs/x')",
+        "latest_filename": "not needed: 'latest' is written beside the checkpoints; remove it",
+        "latest_remote_file_name": "not needed: 'latest' is written beside the checkpoints; "
+        "remove it",
+        "weights_only": "use save_weights_only=True",
+        "save_overwrite": "use overwrite=True",
+    }
 
     folder: str | None
     """Where checkpoints go, one sub-folder each (``name_format``): a local folder or a URL

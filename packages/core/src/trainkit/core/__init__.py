@@ -20,6 +20,7 @@ from trainkit.core._preemption import PREEMPTED_EXIT_CODE, PreemptionRequest, Tr
 from trainkit.core._rebind import rebind_optimizers
 from trainkit.core._state import Evaluator, State
 from trainkit.core._time import Time, Timestamp, TimeUnit, ensure_time
+from trainkit.core.plugins import name_hints
 
 __all__ = [
     "ORDERS",
@@ -53,3 +54,18 @@ __all__ = [
     "ensure_time",
     "rebind_optimizers",
 ]
+
+# Names a Composer port (``from composer import Trainer``) reaches for here, and where they
+# are (docs/coming-from-composer.md).
+__getattr__ = name_hints(
+    __name__,
+    {
+        "Trainer": "the Trainer is in trainkit-trainer: from trainkit.trainer import Trainer",
+        "TrainerConfig": "it is in trainkit-trainer: from trainkit.trainer import TrainerConfig",
+        "ComposerModel": "Composer's ComposerModel is trainkit.core.TrainModel",
+        "ComposerClassifier": "Composer's ComposerClassifier is trainkit.trainer.Classifier",
+        "Classifier": "it is in trainkit-trainer: from trainkit.trainer import Classifier",
+        "HuggingFaceModel": "it is in trainkit-trainer: "
+        "from trainkit.trainer import HuggingFaceModel",
+    },
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,23 @@ class Evaluator:
             value, f"evaluator {self.label!r} device_eval_microbatch_size"
         )
         self.device_eval_microbatch_size, self.auto_microbatching = size, auto
+
+
+_evaluator_init = Evaluator.__init__
+
+
+@functools.wraps(_evaluator_init)
+def _init_evaluator(self: Evaluator, **fields: Any) -> None:
+    if "dataloader" in fields:  # Composer's name; the generated __init__ would not say ours
+        raise TypeError(
+            "Evaluator has no argument 'dataloader' (Composer's name); give data=... (a "
+            "DataSpec, a DataLoader or any re-iterable of batches), e.g. "
+            f"Evaluator(label={fields.get('label', 'eval')!r}, data=loader)"
+        )
+    _evaluator_init(self, **fields)
+
+
+Evaluator.__init__ = _init_evaluator  # type: ignore[method-assign]
 
 
 def check_microbatch_size_value(value: Any, what: str) -> tuple[int | None, bool]:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any, NamedTuple
 
-__all__ = ["GROUPS", "PluginInfo", "available", "describe", "lazy_exports", "load"]
+__all__ = ["GROUPS", "PluginInfo", "available", "describe", "lazy_exports", "load", "name_hints"]
 
 GROUPS = (
     "trainkit.algorithms",
@@ -96,20 +96,23 @@ def load(group: str, name: str) -> Any:
 
 
 def lazy_exports(
-    package: str, modules: Mapping[str, str]
+    package: str, modules: Mapping[str, str], hints: Mapping[str, str] | None = None
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """A package's PEP 562 ``__getattr__`` and ``__dir__``: each public name is imported from
     its module (``modules``: name -> submodule) on first use, so importing the package, or
     one entry point of it, does not import every module::
 
         __getattr__, __dir__ = lazy_exports(__name__, {"EMA": "ema", ...})
+
+    ``hints`` answers names the package does not have, as `name_hints` does.
     """
     namespace = sys.modules[package].__dict__
+    missing = name_hints(package, hints or {})
 
     def __getattr__(name: str) -> Any:
         module = modules.get(name)
         if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            return missing(name)
         value = getattr(importlib.import_module(f"{package}.{module}"), name)
         namespace[name] = value  # later lookups skip this function
         return value
@@ -118,3 +121,23 @@ def lazy_exports(
         return sorted({*namespace, *modules})
 
     return __getattr__, __dir__
+
+
+def name_hints(package: str, hints: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module's PEP 562 ``__getattr__`` for names it does not have: a name in ``hints``
+    (another library's spelling, e.g. Composer's; or a name whose home is elsewhere) raises
+    `ImportError` with its hint; any other name the usual `AttributeError`::
+
+        __getattr__ = name_hints(__name__, {"TensorboardLogger": "use TensorBoardLogger"})
+
+    `ImportError`, because ``from package import Name`` turns an `AttributeError` from
+    ``__getattr__`` into a bare "cannot import name" and drops its message.
+    """
+
+    def __getattr__(name: str) -> Any:
+        hint = hints.get(name)
+        if hint is not None:
+            raise ImportError(f"{package} has no {name!r}: {hint}", name=package)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

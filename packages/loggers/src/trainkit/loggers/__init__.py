@@ -113,4 +113,25 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _MODULES)
+# Composer's names that trainkit spells otherwise or keeps in another package
+# (docs/coming-from-composer.md): ``from trainkit.loggers import X`` says where X is.
+_HINTS = {
+    "TensorboardLogger": "Composer's TensorboardLogger is trainkit.loggers.TensorBoardLogger",
+    "MLFlowLogger": "Composer's MLFlowLogger is trainkit.loggers.MLflowLogger",
+    "MosaicMLLogger": "the MosaicML platform has no trainkit logger; use e.g. "
+    "trainkit.loggers.FileLogger, WandBLogger or MLflowLogger",
+    "LoggerDestination": "it is trainkit.core.LoggerDestination",
+    "Logger": "it is trainkit.core.Logger",
+    "SpeedMonitor": "it is trainkit.profiler.SpeedMonitor (trainkit-profiler)",
+    "MemoryMonitor": "it is trainkit.profiler.MemoryMonitor (trainkit-profiler)",
+    "MemorySnapshot": "it is trainkit.profiler.MemorySnapshot (trainkit-profiler)",
+    "OOMObserver": "it is trainkit.profiler.OOMObserver (trainkit-profiler)",
+    "RuntimeEstimator": "it is trainkit.profiler.RuntimeEstimator (trainkit-profiler)",
+    "SystemMetricsMonitor": "it is trainkit.profiler.SystemMetricsMonitor (trainkit-profiler)",
+    "EarlyStopper": "it is trainkit.algorithms.EarlyStopper (trainkit-algorithms)",
+    "ThresholdStopper": "it is trainkit.algorithms.ThresholdStopper (trainkit-algorithms)",
+    "CheckpointSaver": "Composer's CheckpointSaver is trainkit.checkpoint.Checkpointer "
+    "(trainkit-checkpoint), or the Trainer's save_* arguments",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, _HINTS)

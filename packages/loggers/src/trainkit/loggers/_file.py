@@ -8,8 +8,8 @@ import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from pathlib import Path, PurePath
+from typing import IO, Any, ClassVar
 
 from trainkit.core import State
 from trainkit.loggers._common import (
@@ -22,18 +22,44 @@ from trainkit.loggers._common import (
 
 __all__ = ["FileLogger", "FileLoggerConfig", "read_jsonl"]
 
+_DEFAULT_FOLDER = "runs/{run_name}"
+
 
 @dataclass(kw_only=True)
 class FileLoggerConfig(BufferedDestinationConfig):
-    folder: str | Path = "runs/{run_name}"
+    unknown_field_hints: ClassVar[dict[str, str]] = {
+        # Composer's FileLogger (a text log) arguments that a port may still pass.
+        "remote_file_name": "not offered: log to a remote destination as well (WandBLogger, "
+        "MLflowLogger, ...)",
+        "capture_stdout": "not offered: the file holds logged values, not console output",
+        "capture_stderr": "not offered: the file holds logged values, not console output",
+        "log_level": "not needed: every logged value is written",
+        "log_traces": "give the Trainer log_traces=True",
+        "buffer_size": "use flush_interval=... (seconds between writes)",
+        "overwrite": "not offered: a resumed run appends; give a new folder or filename",
+    }
+
+    folder: str | Path = _DEFAULT_FOLDER
     """The run's folder; ``{run_name}`` and ``{rank}`` are filled in when the run starts
     (a `Path` is kept as its text)."""
     filename: str = "metrics.jsonl"
-    """The file's name inside ``folder`` (may also contain ``{rank}``)."""
+    """The file's name inside ``folder`` (may also contain ``{run_name}`` and ``{rank}``).
+    A path with a folder of its own (Composer's ``filename``, e.g. ``"runs/port/log.txt"``)
+    is used as it is, relative to the working directory, never put inside ``folder`` a
+    second time; ``folder`` must then be left at its default or be where that path lies."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.folder = path_text(self.folder)
+        name, folder = PurePath(self.filename), PurePath(self.folder)
+        if name.parent == PurePath(".") or self.folder == _DEFAULT_FOLDER:
+            return
+        if name.parts[: len(folder.parts)] != folder.parts:
+            raise ValueError(
+                f"FileLogger got folder={self.folder!r} and filename={self.filename!r}, a path "
+                f"outside that folder; give the file's folder once: folder={str(name.parent)!r}, "
+                f"filename={name.name!r} (or filename={self.filename!r} alone)"
+            )
 
 
 class FileLogger(BufferedDestination, config=FileLoggerConfig):
@@ -62,8 +88,10 @@ class FileLogger(BufferedDestination, config=FileLoggerConfig):
         """The JSON-lines file (final once the run has started)."""
         if self._path is not None:
             return self._path
-        folder = resolve_folder(self.config.folder, self._state)
-        return folder / resolve_folder(self.config.filename, self._state)
+        name = resolve_folder(self.config.filename, self._state)
+        if name.parent != Path("."):  # a path of its own (see FileLoggerConfig.filename)
+            return name
+        return resolve_folder(self.config.folder, self._state) / name
 
     def _start(self, state: State | None) -> None:
         path = self.path

@@ -55,6 +55,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainkit.core import dist
+from trainkit.core.plugins import name_hints
 
 __all__ = [
     "Accuracy",
@@ -67,6 +68,16 @@ __all__ = [
     "Metric",
     "Perplexity",
 ]
+
+# Composer's names for the same metrics (docs/coming-from-composer.md).
+__getattr__ = name_hints(
+    __name__,
+    {
+        "LanguageCrossEntropy": "Composer's LanguageCrossEntropy is "
+        "trainkit.trainer.metrics.CrossEntropy (it skips ignore_index=-100 too)",
+        "LanguagePerplexity": "Composer's LanguagePerplexity is trainkit.trainer.metrics.Perplexity",
+    },
+)
 
 
 class Metric(nn.Module):

@@ -27,7 +27,40 @@ from typing import Any
 
 import torch
 
+from trainkit.core.plugins import name_hints
+
 __all__ = ["DecoupledAdamW", "DecoupledSGDW"]
+
+# Composer keeps its schedules in composer.optim; trainkit in trainkit.trainer.schedulers
+# (tests/integration/test_composer_names.py keeps this list equal to that module's).
+_SCHEDULES = (
+    "ConstantScheduler",
+    "ConstantWithWarmupScheduler",
+    "CosineAnnealingScheduler",
+    "CosineAnnealingWarmRestartsScheduler",
+    "CosineAnnealingWithWarmupScheduler",
+    "ExponentialScheduler",
+    "LinearScheduler",
+    "LinearWithWarmupScheduler",
+    "MultiStepScheduler",
+    "MultiStepWithWarmupScheduler",
+    "PolynomialScheduler",
+    "PolynomialWithWarmupScheduler",
+    "StepScheduler",
+)
+__getattr__ = name_hints(
+    __name__,
+    {
+        **{
+            name: f"schedules are in trainkit.trainer.schedulers: "
+            f"from trainkit.trainer.schedulers import {name}"
+            for name in _SCHEDULES
+        },
+        "ComposerScheduler": "a schedule is any callable (state, ssr) -> float; the base "
+        "class of trainkit's is trainkit.trainer.schedulers.Scheduler",
+        "compile_composer_scheduler": "not needed: the Trainer calls a schedule directly",
+    },
+)
 
 _LARGE_DECAY = 1e-3  # per-step shrink factors at least this large are almost always a mistake
 
