@@ -105,8 +105,10 @@ def test_the_optim_hint_covers_every_schedule():
 def test_evaluator_dataloader_is_answered_with_data():
     from trainkit.core import Evaluator
 
-    with pytest.raises(TypeError, match=r"no argument 'dataloader'.*give data=\.\.\."):
+    with pytest.raises(TypeError, match=r"'val' needs data=\.\.\. \(Composer's dataloader="):
         Evaluator(label="val", dataloader=[[0]])
+    with pytest.raises(TypeError, match=r"'val' needs data=\.\.\.: a DataSpec"):
+        Evaluator(label="val")
     assert Evaluator(label="val", data=[[0]]).label == "val"
 
 

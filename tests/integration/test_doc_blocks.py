@@ -77,7 +77,13 @@ def test_python_block(block, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     module = types.ModuleType("doc_block")  # a real module: dataclasses look their class up
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(code, module.__dict__)
+    try:
+        exec(code, module.__dict__)
+    finally:  # a block run as a script ends its process, and with it a group it started
+        import torch.distributed
+
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 # --- yaml: trainkit run configs -------------------------------------------------------------
@@ -179,6 +185,10 @@ def _check_script(words: list[str], where: str) -> None:
         return  # the reader's own script (train.py)
     assert script.is_file(), f"{where}: no file {words[0]}"
     source = script.read_text()
+    # A script may build on a sibling's options (throughput_diagnostics on gpu_throughput).
+    for sibling in script.parent.glob("*.py"):
+        if sibling != script and f'"{sibling.name}"' in source:
+            source += sibling.read_text()
     for option in (w.split("=")[0] for w in words[1:] if w.startswith("--")):
         assert f'"{option}"' in source, f"{where}: {words[0]} takes no {option}"
 

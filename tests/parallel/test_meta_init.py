@@ -127,9 +127,7 @@ def _pretrained_fsdp(rank, world, folder):
         return model
 
     trainer = make_trainer(FSDP(), rank, world, model=build, data=Tokens())
-    local = {
-        name: p.to_local().numel() for name, p in trainer.state.model.named_parameters()
-    }
+    local = {name: p.to_local().numel() for name, p in trainer.state.model.named_parameters()}
     loaded = full_weights(trainer.state.model)
     trainer.fit()
     return to_bytes(loaded), local, float(trainer.state.loss.detach())
@@ -141,7 +139,7 @@ def test_a_safetensors_folder_loads_straight_into_the_shards_and_trains_on(tmp_p
     saved.model.save_pretrained(tmp_path / "gpt2")
     expected = {f"model.{k}": v for k, v in saved.model.state_dict().items()}
     results = run_ranks(_pretrained_fsdp, 2, str(tmp_path / "gpt2"))
-    loaded, local, loss = results[0]
+    loaded, _, loss = results[0]
     assert max_difference(from_bytes(loaded), expected) == 0.0
     whole = {f"model.{k}": v.numel() for k, v in saved.model.named_parameters()}
     # Each rank holds half of every (sharded) tensor: it read its slices, not the file.

@@ -57,15 +57,10 @@ __all__ = [
 
 # Names a Composer port (``from composer import Trainer``) reaches for here, and where they
 # are (docs/coming-from-composer.md).
-__getattr__ = name_hints(
-    __name__,
-    {
-        "Trainer": "the Trainer is in trainkit-trainer: from trainkit.trainer import Trainer",
-        "TrainerConfig": "it is in trainkit-trainer: from trainkit.trainer import TrainerConfig",
-        "ComposerModel": "Composer's ComposerModel is trainkit.core.TrainModel",
-        "ComposerClassifier": "Composer's ComposerClassifier is trainkit.trainer.Classifier",
-        "Classifier": "it is in trainkit-trainer: from trainkit.trainer import Classifier",
-        "HuggingFaceModel": "it is in trainkit-trainer: "
-        "from trainkit.trainer import HuggingFaceModel",
-    },
-)
+_TRAINER = {name: f"it is in trainkit-trainer: from trainkit.trainer import {name}"
+            for name in ("Trainer", "TrainerConfig", "Classifier", "HuggingFaceModel")}  # fmt: skip
+__getattr__ = name_hints(__name__, {
+    **_TRAINER,
+    "ComposerModel": "Composer's ComposerModel is trainkit.core.TrainModel",
+    "ComposerClassifier": "Composer's ComposerClassifier is trainkit.trainer.Classifier",
+})  # fmt: skip

@@ -29,11 +29,10 @@ def materialize(
     ``reset_parameters()``, then the nearest ``_init_weights(module)`` above it
     (HuggingFace's scheme, which wins where both set a value).
 
-    Each module is initialised from a seed made of ``seed`` and its name in ``root``, so
-    the values depend neither on the order nor on how the model is split: a strategy that
-    shards block by block (materialise a block, then shard it) gets the weights a single
-    process gets, on any number of ranks. Tied parameters stay tied. Modules inside ``skip``
-    (blocks already done) are left alone.
+    Each module is seeded by ``seed`` and its name in ``root``: a strategy that shards
+    block by block (materialise a block, then shard it) gets the weights one process gets,
+    on any number of ranks. Tied parameters stay tied; modules inside ``skip`` (blocks
+    already done) are left alone.
     """
     part = root if part is None else part
     skipped = {id(m) for block in skip for m in block.modules()}
@@ -46,7 +45,8 @@ def materialize(
                 if tensor is not None and tensor.is_meta:
                     slots.setdefault(id(tensor), []).append((table, key))
     chosen = [m for m in _leaves_first(part, set()) if id(m) not in skipped]
-    had_meta = {id(m) for m in chosen if _on_meta_here(m)}
+    own = {id(m): [*m.parameters(recurse=False), *m.buffers(recurse=False)] for m in chosen}
+    had_meta = {key for key, tensors in own.items() if any(t.is_meta for t in tensors)}
     for m in chosen:  # every slot of a tensor at once: ties hold across modules
         for table in (m._parameters, m._buffers):
             for tensor in [t for t in table.values() if t is not None and t.is_meta]:
@@ -87,11 +87,6 @@ def _init_owners(root: nn.Module) -> dict[int, Callable[[], Any]]:
 
     visit(root, None)
     return owners
-
-
-def _on_meta_here(module: nn.Module) -> bool:
-    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-    return any(t.is_meta for t in tensors)
 
 
 def _leaves_first(module: nn.Module, seen: set[int]) -> list[nn.Module]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import torch
@@ -43,7 +42,7 @@ class Evaluator:
     """
 
     label: str
-    data: DataSpec
+    data: DataSpec = None  # type: ignore[assignment]  # required; checked by __post_init__
     metric_names: Sequence[str] | None = None
     subset_num_batches: int | None = None
     eval_interval: Any = None
@@ -52,8 +51,16 @@ class Evaluator:
     """Whether ``device_eval_microbatch_size`` halves on out-of-memory (given as
     ``"auto"``); the size it has come to is then ``device_eval_microbatch_size`` (None:
     whole batches so far)."""
+    dataloader: InitVar[Any] = None
+    """Composer's name for ``data``: refused with a message that names ``data``."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, dataloader: Any) -> None:
+        if self.data is None:
+            composer = " (Composer's dataloader=...)" if dataloader is not None else ""
+            raise TypeError(
+                f"Evaluator {self.label!r} needs data=...{composer}: a DataSpec, a DataLoader "
+                f"or any re-iterable of batches, e.g. Evaluator(label={self.label!r}, data=loader)"
+            )
         self.data = DataSpec.coerce(self.data, f"evaluator {self.label!r} data")
         self.subset_num_batches = check_subset_num_batches(
             self.subset_num_batches, f"evaluator {self.label!r} subset_num_batches"
@@ -66,23 +73,6 @@ class Evaluator:
             value, f"evaluator {self.label!r} device_eval_microbatch_size"
         )
         self.device_eval_microbatch_size, self.auto_microbatching = size, auto
-
-
-_evaluator_init = Evaluator.__init__
-
-
-@functools.wraps(_evaluator_init)
-def _init_evaluator(self: Evaluator, **fields: Any) -> None:
-    if "dataloader" in fields:  # Composer's name; the generated __init__ would not say ours
-        raise TypeError(
-            "Evaluator has no argument 'dataloader' (Composer's name); give data=... (a "
-            "DataSpec, a DataLoader or any re-iterable of batches), e.g. "
-            f"Evaluator(label={fields.get('label', 'eval')!r}, data=loader)"
-        )
-    _evaluator_init(self, **fields)
-
-
-Evaluator.__init__ = _init_evaluator  # type: ignore[method-assign]
 
 
 def check_microbatch_size_value(value: Any, what: str) -> tuple[int | None, bool]:
