@@ -17,6 +17,10 @@ field, and takes an instance of it::
     EMA(EMAConfig(half_life="100ba"))  # the config
     EMA(half_life="100ba")             # keyword arguments build the same config
 
+A config may declare one *primary* field, ``half_life: str = primary("1000ba")``: a value
+given by position that is not a config fills it, so ``EMA("100ba")`` is
+``EMA(half_life="100ba")`` (as Composer's positional calls are written).
+
 The CLI's YAML schema and its errors, ``trainkit train --print-config``, the logged
 hyperparameters and the docs all read these dataclasses (`settings`, `field_docs`,
 `to_plain`), so a new field needs no other edit.
@@ -30,12 +34,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import enum
 import functools
 import inspect
 import itertools
 import os
 import textwrap
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -46,6 +53,8 @@ __all__ = [
     "check_config_class",
     "field_docs",
     "is_slot",
+    "primary",
+    "primary_field",
     "settings",
     "slot",
     "slot_group",
@@ -56,6 +65,7 @@ __all__ = [
 
 C = TypeVar("C")
 _SLOT = "trainkit.slot"
+_PRIMARY = "trainkit.primary"
 _MISSING: Any = dataclasses.MISSING
 
 
@@ -64,6 +74,24 @@ def slot(group: str | None, *, default: Any = _MISSING, default_factory: Any = _
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={_SLOT: group})
     return dataclasses.field(default=default, metadata={_SLOT: group})
+
+
+def primary(default: Any = _MISSING, *, default_factory: Any = _MISSING) -> Any:
+    """A config field that a component's first positional value fills: with
+    ``half_life: str = primary("1000ba")`` in ``EMAConfig``, ``EMA("100ba")`` means
+    ``EMA(half_life="100ba")``. At most one per config class."""
+    metadata = {_PRIMARY: True}
+    if default_factory is not _MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def primary_field(config_class: type) -> str | None:
+    """The name of ``config_class``'s primary field (`primary`), or None."""
+    for f in dataclasses.fields(config_class):
+        if f.metadata.get(_PRIMARY):
+            return f.name
+    return None
 
 
 def is_slot(field: dataclasses.Field[Any]) -> bool:
@@ -95,6 +123,12 @@ def check_config_class(config_class: Any, owner: str) -> None:
             f"{owner}: {config_class.__name__} must be @dataclass(kw_only=True); "
             f"positional fields: {positional}"
         )
+    primaries = [f.name for f in dataclasses.fields(config_class) if f.metadata.get(_PRIMARY)]
+    if len(primaries) > 1:
+        raise TypeError(
+            f"{owner}: {config_class.__name__} declares {len(primaries)} primary fields "
+            f"{primaries}; one positional value can fill only one"
+        )
     if any(f.name == "name" for f in dataclasses.fields(config_class)):
         raise TypeError(
             f"{owner}: {config_class.__name__} has a field called 'name', which config files "
@@ -110,37 +144,60 @@ def unknown_field_hint(config_class: type, name: str) -> str | None:
     return hints.get(name) if isinstance(hints, Mapping) else None
 
 
-def build_config(config_class: type[C], config: C | None, options: Mapping[str, Any]) -> C:
+def build_config(config_class: type[C], config: Any, options: Mapping[str, Any]) -> C:
     """``config`` (default: the class's defaults) with ``options`` replacing its fields.
 
+    A ``config`` that is not a ``config_class`` fills the class's primary field (`primary`).
     Options are applied with `dataclasses.replace`, which runs ``__post_init__`` again on
     the new values: validate there, but do not rewrite fields (derive values on the
     component instead), or an override would meet the rewritten value.
 
     Raises:
-        TypeError: ``config`` is of another class, or an option is not a field; the message
-            lists the fields.
+        TypeError: ``config`` is of another class and there is no primary field for it, or
+            an option is not a field; the message names the field and lists the fields.
     """
     if not options and type(config) is config_class:
         return config  # as given (a function that takes a config may run every batch)
     if config is not None and not isinstance(config, config_class):
-        raise TypeError(
-            f"expected a {config_class.__name__}, got {type(config).__name__}; pass the config "
-            "positionally or its fields as keyword arguments"
-        )
+        name = primary_field(config_class)
+        if name is None:
+            raise TypeError(_not_a_config(config_class.__name__, config_class, config))
+        options = _by_position(config_class.__name__, config_class, (name,), (config,), options)
+        config = None
     names = [f.name for f in dataclasses.fields(config_class)]  # type: ignore[arg-type]
     unknown = [key for key in options if key not in names]
     if unknown:
-        hints = "".join(
-            f"; {key}: {hint}" for key in unknown if (hint := unknown_field_hint(config_class, key))
-        )
-        raise TypeError(
-            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}{hints}; "
-            f"its fields: {', '.join(names) or 'none'}"
-        )
+        raise TypeError(_unknown_fields(config_class, unknown, names))
     if config is None:
         return config_class(**options)
     return dataclasses.replace(config, **options) if options else config  # type: ignore[type-var]
+
+
+def _unknown_fields(config_class: type, unknown: list[str], names: list[str]) -> str:
+    hints = []
+    for key in unknown:
+        hint = unknown_field_hint(config_class, key)
+        close = difflib.get_close_matches(key, names, n=1)
+        if hint:
+            hints.append(f"; {key}: {hint}")
+        elif close:
+            hints.append(f" (did you mean {close[0]!r} for {key!r}?)")
+    return (
+        f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}; "
+        f"its fields: {', '.join(names) or 'none'}{''.join(hints)}"
+    )
+
+
+def _not_a_config(owner: str, config_class: type, value: Any) -> str:
+    name = config_class.__name__
+    fields = ", ".join(f.name for f in dataclasses.fields(config_class)) or "none"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        got = type(value).__name__
+    else:
+        got = f"{type(value).__name__} {value!r}; {owner} takes no value by position ({name} declares no primary field)"
+    return (
+        f"expected a {name}, got {got}; pass a {name} or its fields as keyword arguments: {fields}"
+    )
 
 
 class Configurable:
@@ -154,9 +211,10 @@ class Configurable:
     config_class: ClassVar[type[Any] | None] = None
     config: Any = None  # also for subclasses whose __init__ does not call super().__init__
     positional: ClassVar[tuple[str, ...]] = ()
-    """Fields that may also be given by position, in this order (``class X(Base,
-    config=XConfig, positional=("monitor", ...))``), e.g. to accept a Composer call's
-    positional arguments; a subclass's ``__init__`` then passes ``*values`` through."""
+    """Fields that may also be given by position, in this order: the config's primary field
+    (`primary`) by default, or several (``class X(Base, config=XConfig, positional=("monitor",
+    ...))``) to accept a Composer call's positional arguments; a subclass's ``__init__`` then
+    passes ``*values`` through."""
 
     def __init_subclass__(
         cls, *, config: type | None = None, positional: tuple[str, ...] = (), **kwargs: Any
@@ -165,6 +223,8 @@ class Configurable:
         if config is not None:
             check_config_class(config, cls.__name__)
             cls.config_class = config
+            name = primary_field(config)
+            cls.positional = (name,) if name is not None else ()
         if positional:
             names = {f.name for f in dataclasses.fields(cls.config_class or object)}
             unknown = [p for p in positional if p not in names]
@@ -183,8 +243,14 @@ class Configurable:
                 )
             self.config = None
             return
-        if config is not None and not isinstance(config, config_class) and cls.positional:
-            config, options = None, _by_position(cls, (config, *values), options)
+        if config is not None and not isinstance(config, config_class):
+            if not cls.positional:
+                raise TypeError(_not_a_config(cls.__name__, config_class, config))
+            given = (config, *values)
+            config, options = (
+                None,
+                _by_position(cls.__name__, config_class, cls.positional, given, options),
+            )
         elif values:
             raise TypeError(
                 f"{cls.__name__} takes its config or keyword fields, not {1 + len(values)} "
@@ -193,18 +259,74 @@ class Configurable:
         self.config = build_config(config_class, config, options)
 
 
-def _by_position(cls: type[Configurable], values: tuple[Any, ...], options: dict[str, Any]):
-    names = cls.positional
+def _by_position(
+    owner: str,
+    config_class: type,
+    names: tuple[str, ...],
+    values: tuple[Any, ...],
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """``options`` with ``values`` given to the fields ``names``, in order, each checked
+    against its field's type annotation (so that a wrong value names its field)."""
     if len(values) > len(names):
         raise TypeError(
-            f"{cls.__name__} takes at most {len(names)} positional arguments "
+            f"{owner} takes at most {len(names)} positional arguments "
             f"({', '.join(names)}), got {len(values)}"
         )
-    for name, value in zip(names, values, strict=False):
-        if name in options:
-            raise TypeError(f"{cls.__name__} got two values for {name!r} (by position and keyword)")
-        options = {**options, name: value}
-    return options
+    hints = _type_hints(config_class)
+    result = dict(options)
+    for position, (name, value) in enumerate(zip(names, values, strict=False)):
+        if name in result:
+            raise TypeError(f"{owner} got two values for {name!r} (by position and keyword)")
+        annotation = hints.get(name, Any)
+        if not _accepts(annotation, value):
+            if position == 0 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+                raise TypeError(_not_a_config(owner, config_class, value))
+            raise TypeError(
+                f"{owner}'s positional argument {position + 1} is its field {name!r}, which "
+                f"takes {_type_name(annotation)}; got {value!r} ({type(value).__name__})"
+            )
+        result[name] = value
+    return result
+
+
+def _type_hints(config_class: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(config_class)
+    except Exception:  # a name imported only for type checkers: nothing to check against
+        return {}
+
+
+def _accepts(annotation: Any, value: Any) -> bool:
+    """Whether ``value`` is plainly of ``annotation`` (True where that cannot be told)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(a, value) for a in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _accepts(typing.get_args(annotation)[0], value)
+    if annotation is None or annotation is type(None):
+        return value is None
+    cls = origin or annotation
+    if not isinstance(cls, type) or cls is object:
+        return True  # Any, a TypeVar, a string annotation: the config's own checks decide
+    if cls is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if cls is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if cls is str:
+        return isinstance(value, str | os.PathLike)  # a path is written as a string
+    try:
+        return isinstance(value, cls)
+    except TypeError:  # a protocol or generic that isinstance cannot check
+        return True
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
 
 
 def to_plain(value: Any) -> Any:
