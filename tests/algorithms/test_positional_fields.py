@@ -14,14 +14,12 @@ def test_composer_style_positional_calls_fill_the_primary_field():
 
 
 def test_a_wrong_positional_type_names_the_field():
-    with pytest.raises(TypeError, match=r"EMA's positional argument 1 is its field 'half_life'"):
+    with pytest.raises(ValueError, match=r"^EMA\(half_life=100\), given by position: half_life"):
         EMA(100)
-    with pytest.raises(
-        TypeError, match=r"LabelSmoothing's .* field 'smoothing', which takes float"
-    ):
+    with pytest.raises(TypeError, match=r"^LabelSmoothing\(smoothing='0\.1'\), given by position"):
         LabelSmoothing("0.1")
 
 
 def test_a_misspelled_keyword_gets_a_suggestion():
-    with pytest.raises(TypeError, match=r"did you mean 'half_life' for 'half_lif'\?"):
+    with pytest.raises(TypeError, match=r"no field 'half_lif'; .*; did you mean 'half_life'\?$"):
         EMA(half_lif="100ba")

@@ -17,6 +17,10 @@ class AverageConfig:
     update_interval: str = "1ba"
     """How often to update."""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.half_life, str):
+            raise TypeError(f"half_life must be a duration string, got {self.half_life!r}")
+
 
 class Average(Configurable, config=AverageConfig):
     def __init__(self, config: AverageConfig | None = None, /, **options: Any):
@@ -43,8 +47,13 @@ def test_a_positional_value_fills_the_primary_field():
 
 
 def test_a_wrong_positional_type_names_the_field():
-    with pytest.raises(TypeError, match=r"its field 'half_life', which takes str; got 100 \(int\)"):
+    # The config's own check, with the field the positional value went to.
+    with pytest.raises(
+        TypeError, match=r"^Average\(half_life=100\), given by position: half_life must be a "
+    ):
         Average(100)
+    with pytest.raises(TypeError, match=r"^AverageConfig\(half_life=100\), given by position"):
+        build_config(AverageConfig, 100, {})
     with pytest.raises(TypeError, match=r"got two values for 'half_life'"):
         Average("1ba", half_life="2ba")
 
@@ -57,7 +66,7 @@ def test_without_a_primary_field_a_positional_value_is_refused_with_the_fields()
 
 
 def test_a_misspelled_keyword_gets_a_suggestion():
-    with pytest.raises(TypeError, match=r"has no field 'half_lif'.*did you mean 'half_life'"):
+    with pytest.raises(TypeError, match=r"no field 'half_lif'; .*; did you mean 'half_life'\?$"):
         Average(half_lif="100ba")
 
 
@@ -67,7 +76,7 @@ def test_two_primary_fields_are_refused_when_declared():
         a: int = primary(1)
         b: int = primary(2)
 
-    with pytest.raises(TypeError, match="declares 2 primary fields"):
+    with pytest.raises(TypeError, match="declares 2 or more primary fields"):
 
         class Two(Configurable, config=TwoConfig):
             pass

@@ -318,7 +318,7 @@ def test_unknown_option_and_positional_values_are_type_errors():
     with pytest.raises(TypeError, match=r"has no field 'warmup'; its fields: t_warmup, alpha_f"):
         LinearWithWarmupScheduler(warmup="0.1dur")
     assert ExponentialScheduler(0.9).config.gamma == 0.9  # the primary field, as Composer
-    with pytest.raises(TypeError, match=r"its field 'gamma', which takes float; got '0.9'"):
+    with pytest.raises(ValueError, match=r"ExponentialScheduler\(gamma='0.9'\), given by position"):
         ExponentialScheduler("0.9")
     with pytest.raises(TypeError, match="step_size"):
         StepScheduler()

@@ -6,7 +6,7 @@ field, and takes an instance of it::
 
     @dataclass(kw_only=True)
     class EMAConfig:
-        half_life: str = "1000ba"
+        half_life: str = primary("1000ba")  # the field a value given by position fills
         \"\"\"After this long, older weights count half as much.\"\"\"
 
     class EMA(Algorithm, config=EMAConfig):
@@ -16,10 +16,7 @@ field, and takes an instance of it::
 
     EMA(EMAConfig(half_life="100ba"))  # the config
     EMA(half_life="100ba")             # keyword arguments build the same config
-
-A config may declare one *primary* field, ``half_life: str = primary("1000ba")``: a value
-given by position that is not a config fills it, so ``EMA("100ba")`` is
-``EMA(half_life="100ba")`` (as Composer's positional calls are written).
+    EMA("100ba")                       # the primary field by position, as Composer
 
 The CLI's YAML schema and its errors, ``trainkit train --print-config``, the logged
 hyperparameters and the docs all read these dataclasses (`settings`, `field_docs`,
@@ -34,17 +31,16 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import enum
 import functools
 import inspect
 import itertools
 import os
 import textwrap
-import types
-import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
+
+from trainkit.core.plugins import did_you_mean
 
 __all__ = [
     "Configurable",
@@ -77,21 +73,14 @@ def slot(group: str | None, *, default: Any = _MISSING, default_factory: Any = _
 
 
 def primary(default: Any = _MISSING, *, default_factory: Any = _MISSING) -> Any:
-    """A config field that a component's first positional value fills: with
-    ``half_life: str = primary("1000ba")`` in ``EMAConfig``, ``EMA("100ba")`` means
-    ``EMA(half_life="100ba")``. At most one per config class."""
+    """The config field a component's first positional value fills (one per config)."""
     metadata = {_PRIMARY: True}
-    if default_factory is not _MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
 def primary_field(config_class: type) -> str | None:
     """The name of ``config_class``'s primary field (`primary`), or None."""
-    for f in dataclasses.fields(config_class):
-        if f.metadata.get(_PRIMARY):
-            return f.name
-    return None
+    return next((f.name for f in dataclasses.fields(config_class) if _PRIMARY in f.metadata), None)
 
 
 def is_slot(field: dataclasses.Field[Any]) -> bool:
@@ -123,12 +112,8 @@ def check_config_class(config_class: Any, owner: str) -> None:
             f"{owner}: {config_class.__name__} must be @dataclass(kw_only=True); "
             f"positional fields: {positional}"
         )
-    primaries = [f.name for f in dataclasses.fields(config_class) if f.metadata.get(_PRIMARY)]
-    if len(primaries) > 1:
-        raise TypeError(
-            f"{owner}: {config_class.__name__} declares {len(primaries)} primary fields "
-            f"{primaries}; one positional value can fill only one"
-        )
+    if sum(_PRIMARY in f.metadata for f in dataclasses.fields(config_class)) > 1:
+        raise TypeError(f"{owner}: {config_class.__name__} declares 2 or more primary fields")
     if any(f.name == "name" for f in dataclasses.fields(config_class)):
         raise TypeError(
             f"{owner}: {config_class.__name__} has a field called 'name', which config files "
@@ -159,45 +144,46 @@ def build_config(config_class: type[C], config: Any, options: Mapping[str, Any])
     if not options and type(config) is config_class:
         return config  # as given (a function that takes a config may run every batch)
     if config is not None and not isinstance(config, config_class):
-        name = primary_field(config_class)
-        if name is None:
+        if (name := primary_field(config_class)) is None:
             raise TypeError(_not_a_config(config_class.__name__, config_class, config))
-        options = _by_position(config_class.__name__, config_class, (name,), (config,), options)
-        config = None
-    names = [f.name for f in dataclasses.fields(config_class)]  # type: ignore[arg-type]
-    unknown = [key for key in options if key not in names]
-    if unknown:
-        raise TypeError(_unknown_fields(config_class, unknown, names))
+        return _built(config_class.__name__, config_class, (name,), (config,), options)
+    _check_names(config_class, options)
     if config is None:
         return config_class(**options)
     return dataclasses.replace(config, **options) if options else config  # type: ignore[type-var]
 
 
-def _unknown_fields(config_class: type, unknown: list[str], names: list[str]) -> str:
-    hints = []
-    for key in unknown:
-        hint = unknown_field_hint(config_class, key)
-        close = difflib.get_close_matches(key, names, n=1)
-        if hint:
-            hints.append(f"; {key}: {hint}")
-        elif close:
-            hints.append(f" (did you mean {close[0]!r} for {key!r}?)")
-    return (
-        f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}; "
-        f"its fields: {', '.join(names) or 'none'}{''.join(hints)}"
-    )
+def _built(owner: str, config_class: type[C], names: Any, values: Any, options: Any) -> C:
+    """The config with ``values`` in the fields ``names``; its own checks' errors name them."""
+    filled = _by_position(owner, names, values, options)
+    _check_names(config_class, filled)
+    try:
+        return config_class(**filled)
+    except (TypeError, ValueError) as err:
+        given = ", ".join(f"{k}={v!r}" for k, v in filled.items() if k not in options)
+        error = TypeError if isinstance(err, TypeError) else ValueError
+        raise error(f"{owner}({given}), given by position: {err}") from err
+
+
+def _check_names(config_class: type, options: Mapping[str, Any]) -> None:
+    names = [f.name for f in dataclasses.fields(config_class)]
+    unknown = [key for key in options if key not in names]
+    if unknown:
+        hints = "".join(
+            f"; {k}: {h}" for k in unknown if (h := unknown_field_hint(config_class, k))
+        )
+        raise TypeError(
+            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}{hints}; its "
+            f"fields: {', '.join(names) or 'none'}{did_you_mean(unknown[0], names)}"
+        )
 
 
 def _not_a_config(owner: str, config_class: type, value: Any) -> str:
-    name = config_class.__name__
-    fields = ", ".join(f.name for f in dataclasses.fields(config_class)) or "none"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        got = type(value).__name__
-    else:
-        got = f"{type(value).__name__} {value!r}; {owner} takes no value by position ({name} declares no primary field)"
-    return (
-        f"expected a {name}, got {got}; pass a {name} or its fields as keyword arguments: {fields}"
-    )
+    name, got = config_class.__name__, type(value).__name__
+    fields = ", ".join(f.name for f in dataclasses.fields(config_class))
+    if not dataclasses.is_dataclass(value):
+        got += f" {value!r}; {owner} takes no value by position ({name} has no primary field)"
+    return f"expected a {name}, got {got}; pass a {name} or its fields by keyword: {fields}"
 
 
 class Configurable:
@@ -211,10 +197,9 @@ class Configurable:
     config_class: ClassVar[type[Any] | None] = None
     config: Any = None  # also for subclasses whose __init__ does not call super().__init__
     positional: ClassVar[tuple[str, ...]] = ()
-    """Fields that may also be given by position, in this order: the config's primary field
-    (`primary`) by default, or several (``class X(Base, config=XConfig, positional=("monitor",
-    ...))``) to accept a Composer call's positional arguments; a subclass's ``__init__`` then
-    passes ``*values`` through."""
+    """Fields that may be given by position: the config's `primary` field, or as declared
+    (``class X(Base, config=XConfig, positional=("monitor", ...))``) to accept a Composer
+    call's positional arguments; a subclass's ``__init__`` then passes ``*values`` through."""
 
     def __init_subclass__(
         cls, *, config: type | None = None, positional: tuple[str, ...] = (), **kwargs: Any
@@ -247,11 +232,9 @@ class Configurable:
             if not cls.positional:
                 raise TypeError(_not_a_config(cls.__name__, config_class, config))
             given = (config, *values)
-            config, options = (
-                None,
-                _by_position(cls.__name__, config_class, cls.positional, given, options),
-            )
-        elif values:
+            self.config = _built(cls.__name__, config_class, cls.positional, given, options)
+            return
+        if values:
             raise TypeError(
                 f"{cls.__name__} takes its config or keyword fields, not {1 + len(values)} "
                 f"positional arguments; fields: {', '.join(f.name for f in dataclasses.fields(config_class))}"
@@ -260,73 +243,20 @@ class Configurable:
 
 
 def _by_position(
-    owner: str,
-    config_class: type,
-    names: tuple[str, ...],
-    values: tuple[Any, ...],
-    options: Mapping[str, Any],
+    owner: str, names: tuple[str, ...], values: tuple[Any, ...], options: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """``options`` with ``values`` given to the fields ``names``, in order, each checked
-    against its field's type annotation (so that a wrong value names its field)."""
+    """``options`` with ``values`` given to the fields ``names``, in order."""
     if len(values) > len(names):
         raise TypeError(
             f"{owner} takes at most {len(names)} positional arguments "
             f"({', '.join(names)}), got {len(values)}"
         )
-    hints = _type_hints(config_class)
     result = dict(options)
-    for position, (name, value) in enumerate(zip(names, values, strict=False)):
+    for name, value in zip(names, values, strict=False):
         if name in result:
             raise TypeError(f"{owner} got two values for {name!r} (by position and keyword)")
-        annotation = hints.get(name, Any)
-        if not _accepts(annotation, value):
-            if position == 0 and dataclasses.is_dataclass(value) and not isinstance(value, type):
-                raise TypeError(_not_a_config(owner, config_class, value))
-            raise TypeError(
-                f"{owner}'s positional argument {position + 1} is its field {name!r}, which "
-                f"takes {_type_name(annotation)}; got {value!r} ({type(value).__name__})"
-            )
         result[name] = value
     return result
-
-
-def _type_hints(config_class: type) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(config_class)
-    except Exception:  # a name imported only for type checkers: nothing to check against
-        return {}
-
-
-def _accepts(annotation: Any, value: Any) -> bool:
-    """Whether ``value`` is plainly of ``annotation`` (True where that cannot be told)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_accepts(a, value) for a in typing.get_args(annotation))
-    if origin is typing.Literal:
-        return value in typing.get_args(annotation)
-    if origin is typing.Annotated:
-        return _accepts(typing.get_args(annotation)[0], value)
-    if annotation is None or annotation is type(None):
-        return value is None
-    cls = origin or annotation
-    if not isinstance(cls, type) or cls is object:
-        return True  # Any, a TypeVar, a string annotation: the config's own checks decide
-    if cls is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if cls is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if cls is str:
-        return isinstance(value, str | os.PathLike)  # a path is written as a string
-    try:
-        return isinstance(value, cls)
-    except TypeError:  # a protocol or generic that isinstance cannot check
-        return True
-
-
-def _type_name(annotation: Any) -> str:
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation).replace("typing.", "")
 
 
 def to_plain(value: Any) -> Any:
