@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainkit.cli._agree import check_across
 from trainkit.cli._component import OPTIMIZER_GROUP, Component, Slot, build_slot
 from trainkit.cli._overrides import apply_overrides
 from trainkit.cli._resolve import choices, config_folder, resolve
@@ -254,6 +255,10 @@ def _validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None)
         components[section.key] = _section(section, raw.get(section.key, MISSING), problems)
     _add_metrics_file(components, component_sections, run_dir, problems)
     checkpoint, notes = _checkpoint(raw.get(CHECKPOINT, {}), run_dir, problems)
+    if not problems:  # each section is valid on its own: do they fit together?
+        found, across = check_across(trainer, components, checkpoint)
+        problems += found
+        notes += across
     if problems:
         where = str(source) if source is not None else "the default config"
         lines = [f"{where} is not valid:", *(f"  {p.path}: {p.message}" for p in problems)]
