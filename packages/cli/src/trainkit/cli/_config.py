@@ -19,6 +19,11 @@ Sections (`sections` lists them, from `trainkit.trainer.TrainerConfig`):
 
 A metrics file (the ``file`` logger, writing to the run directory) is added to ``loggers``
 when it is installed and not configured.
+
+A ``module:factory`` name may name a module beside the config file (`trainkit.cli._resolve`).
+Once every section is valid, values that must agree across sections are checked
+(`trainkit.cli._agree`: the data's sequence length and the model's positions, ...), so a
+config error stops the run before anything is built or written.
 """
 
 from __future__ import annotations
