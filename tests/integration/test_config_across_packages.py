@@ -42,3 +42,17 @@ def test_an_export_longer_than_the_model_positions_is_refused(tmp_path):
         r"128 \(tiny_gpt2's default\); use at most 128",
     ):
         load_config(write(tmp_path, text))
+
+
+def test_generated_text_must_fit_in_the_model_positions(tmp_path):
+    text = LONG.replace("seq_len: 256", "seq_len: 64") + (
+        "callbacks: [{name: generate, prompts: ['def '], max_new_tokens: 128}]\n"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"callbacks\.0\.max_new_tokens: 128 tokens after a prompt do not fit in the model's "
+        r"positions: model\.n_positions 128 \(tiny_gpt2's default\); use at most 127 minus",
+    ):
+        load_config(write(tmp_path, text))
+    fitting = text.replace("max_new_tokens: 128", "max_new_tokens: 100")
+    assert load_config(write(tmp_path, fitting)).components["callbacks"][0].name == "generate"

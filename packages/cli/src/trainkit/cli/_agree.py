@@ -3,7 +3,8 @@ together, found before anything is built or written.
 
 - the data's sequence length against the positions the model has (``data.seq_len`` vs
   ``model.n_positions`` or a transformers config's ``max_position_embeddings``; with ALiBi,
-  against its ``max_sequence_length``), and an export callback's ``seq_len`` likewise;
+  against its ``max_sequence_length``); an export callback's ``seq_len`` and the text a
+  callback generates (``max_new_tokens``) likewise;
 - the token ids the data holds against the model's vocabulary;
 - ``trainer.device_train_microbatch_size`` against the data's ``batch_size``;
 - intervals (evaluation, checkpoints) longer than ``trainer.max_duration`` in the same unit,
@@ -56,8 +57,9 @@ def check_across(
     model, data = components.get("model"), components.get("data")
     problems: list[Problem] = []
     if isinstance(model, Component):
-        problems += _sequence_lengths(model, data, _listed(components, "algorithms"))
-        problems += _export_lengths(model, _listed(components, "callbacks"))
+        limit = _position_limit(model, _listed(components, "algorithms"))
+        problems += _sequence_lengths(limit, data)
+        problems += _callback_lengths(limit, _listed(components, "callbacks"))
         problems += _vocabulary(model, data)
     if isinstance(data, Component):
         problems += _microbatch(trainer, data)
@@ -119,15 +121,19 @@ def _transformers_default(config: Mapping[str, Any], names: tuple[str, ...]) -> 
     return None
 
 
-def _sequence_lengths(model: Component, data: Slot, algorithms: list[Component]) -> list[Problem]:
+def _position_limit(model: Component, algorithms: list[Component]) -> Value | None:
+    """The longest sequence the model takes: ALiBi's maximum when it replaces the position
+    embeddings, else the model's positions."""
+    alibi = next((a for a in algorithms if _is(a, "Alibi")), None)
+    if alibi is not None:
+        return _field(alibi, ("max_sequence_length",))
+    return _field(model, MODEL_POSITIONS, nested=True)
+
+
+def _sequence_lengths(limit: Value | None, data: Slot) -> list[Problem]:
     length = _field(data, SEQUENCE_LENGTHS) if isinstance(data, Component) else None
     if length is None:
         return []
-    alibi = next((a for a in algorithms if _is(a, "Alibi")), None)
-    if alibi is not None:  # ALiBi replaces the position embeddings: its maximum bounds
-        limit = _field(alibi, ("max_sequence_length",))
-    else:
-        limit = _field(model, MODEL_POSITIONS, nested=True)
     if limit is None or length.value <= limit.value:
         return []
     return [
@@ -140,17 +146,27 @@ def _sequence_lengths(model: Component, data: Slot, algorithms: list[Component])
     ]
 
 
-def _export_lengths(model: Component, callbacks: list[Component]) -> list[Problem]:
+def _callback_lengths(limit: Value | None, callbacks: list[Component]) -> list[Problem]:
+    """An export's ``seq_len``, and text generated after a prompt, within the positions."""
     problems = []
-    for callback in callbacks:
+    for callback in callbacks if limit is not None else []:
         length = _field(callback, ("seq_len",))
-        limit = _field(model, MODEL_POSITIONS, nested=True) if length is not None else None
-        if length is not None and limit is not None and length.value > limit.value:
+        if length is not None and length.value > limit.value:
             problems.append(
                 Problem(
                     length.path,
                     f"{length.value}{length.origin()} is longer than the model takes: "
                     f"{limit.text()}; use at most {limit.value}",
+                )
+            )
+        new = _field(callback, ("max_new_tokens",))
+        if new is not None and new.value >= limit.value:
+            problems.append(
+                Problem(
+                    new.path,
+                    f"{new.value}{new.origin()} tokens after a prompt do not fit in the "
+                    f"model's positions: {limit.text()}; use at most {limit.value - 1} minus "
+                    "the prompt's length",
                 )
             )
     return problems
