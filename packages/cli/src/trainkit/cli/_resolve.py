@@ -76,8 +76,9 @@ def _import_module(module: str) -> types.ModuleType:
         if err.name != top or folder is None or not _defines(folder, top):
             raise
         # Beside the config file: importable from now on (a factory may import its
-        # neighbours when it is called, after validation).
-        sys.path.insert(0, str(folder))
+        # neighbours when it is called, after validation); last, so that it shadows nothing.
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
         importlib.invalidate_caches()
         return importlib.import_module(module)
 
