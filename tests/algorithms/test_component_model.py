@@ -102,20 +102,19 @@ def test_unknown_keyword_raises_type_error_naming_the_fields(component):
         assert name in str(info.value)
 
 
-def test_positional_options_are_refused_unless_declared(component):
+def test_positional_values_fill_the_declared_fields_or_are_refused(component):
     _, cls = component
     if not cls.positional:
-        with pytest.raises(TypeError, match=f"expected a {cls.config_class.__name__}"):
+        with pytest.raises(TypeError, match=f"expected a {cls.config_class.__name__}, got float"):
             cls(0.5)
         return
-    # A declared order (Composer's, for the stoppers) builds the same config as keywords.
-    required = _required(cls.config_class)
-    defaults = {f.name: f.default for f in dataclasses.fields(cls.config_class)}
-    last = max(cls.positional.index(name) for name in required)
-    values = [required.get(name, defaults[name]) for name in cls.positional[: last + 1]]
-    assert cls(*values).config == cls(**required).config
-    with pytest.raises(TypeError, match="positional arguments"):
-        cls(*values, *[None] * (len(cls.positional) + 1 - len(values)))
+    # The primary field (EMA("100ba")), or a declared order (Composer's, for the stoppers),
+    # builds the same config as keywords.
+    config = cls.config_class(**_required(cls.config_class))
+    values = [getattr(config, name) for name in cls.positional]
+    assert cls(*values).config == config
+    with pytest.raises(TypeError, match="positional argument"):
+        cls(*values, None)
 
 
 def test_every_config_field_has_a_docstring(component):

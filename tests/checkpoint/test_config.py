@@ -98,11 +98,12 @@ def test_paths_are_accepted_and_stored_as_text(tmp_path):
     assert checkpointer.folder == Path(tmp_path)
 
 
-def test_unknown_options_and_a_positional_folder_are_refused(tmp_path):
+def test_unknown_options_and_a_wrong_positional_folder_are_refused(tmp_path):
     with pytest.raises(TypeError, match=r"has no field 'intervall'; its fields: folder, interval"):
         Checkpointer(folder=tmp_path, intervall="1ep")
-    with pytest.raises(TypeError, match="expected a CheckpointerConfig, got PosixPath"):
-        Checkpointer(tmp_path)
+    assert Checkpointer(tmp_path).config.folder == str(tmp_path)  # the primary field
+    with pytest.raises(TypeError, match=r"Checkpointer\(folder=3\), given by position: folder"):
+        Checkpointer(3)
     with pytest.raises(TypeError, match="folder"):
         CheckpointerConfig()
     with pytest.raises(TypeError, match="ignore_keys must be a list of patterns"):

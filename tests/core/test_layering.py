@@ -1,5 +1,5 @@
 """trainkit-core stays the small contract it promises: no import cycle among its modules (at
-module level or inside a function; type-only imports may point back), at most 4,600 lines
+module level or inside a function; type-only imports may point back), at most 4,700 lines
 of source and 35 top-level names, used by the other packages through its public names
 only. (import-linter checks that it imports no sibling.)"""
 
@@ -20,10 +20,12 @@ def test_core_stays_small():
     lines = sum(
         len(path.read_text().splitlines()) for path in package_modules("trainkit.core").values()
     )
-    # 4,500 at the split (issue 51); since then the contract grew by the rule that a model
-    # built on the meta device is initialised by (trainkit.core.meta, issue 53).
-    assert lines <= 4600, (
-        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,600"
+    # 4,500 at the split (issue 51). Since then the contract grew by what plugin authors and
+    # users meet in it: the rule that builds a model on the meta device (trainkit.core.meta,
+    # issue 53), and config fields filled by position, did-you-mean and other libraries'
+    # names answered (issue 52). A new feature of the Trainer still goes to trainkit-trainer.
+    assert lines <= 4700, (
+        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,700"
     )
     assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
 

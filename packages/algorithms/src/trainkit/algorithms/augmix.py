@@ -31,7 +31,7 @@ from trainkit.algorithms._image_ops import ALL_OPS, SAFE_OPS, apply_op, check_im
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._vision import add_dataset_transform
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "AugMix",
@@ -48,7 +48,7 @@ Image = TypeVar("Image")
 
 @dataclass(kw_only=True)
 class AugMixConfig:
-    severity: float = 3.0
+    severity: float = primary(3.0)
     """Largest strength of an operation, from 0 to 10; each draws its own from [0.1, severity]."""
     depth: int = -1
     """Operations per chain; -1 draws 1 to 3 per chain."""

@@ -28,14 +28,14 @@ from torch import nn
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["BlurConv2d", "BlurMaxPool2d", "BlurPool", "BlurPoolConfig", "apply_blurpool", "blur_2d"]
 
 
 @dataclass(kw_only=True)
 class BlurPoolConfig:
-    replace_convs: bool = True
+    replace_convs: bool = primary(True)
     """Put a blur in front of every strided `nn.Conv2d`."""
     replace_maxpools: bool = True
     """Replace every `nn.MaxPool2d` by a dense max pool followed by a strided blur."""

@@ -28,7 +28,7 @@ from trainkit.algorithms._image_ops import pil_ops
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._vision import add_dataset_transform
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["ColOut", "ColOutConfig", "ColOutTransform", "colout_batch"]
 
@@ -37,7 +37,7 @@ Image = TypeVar("Image")
 
 @dataclass(kw_only=True)
 class ColOutConfig:
-    p_row: float = 0.15
+    p_row: float = primary(0.15)
     """Share of rows dropped; in [0, 1)."""
     p_col: float = 0.15
     """Share of columns dropped; in [0, 1)."""

@@ -27,7 +27,7 @@ from trainkit.algorithms._batch import Key, get_item, interpolate_loss, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._targets import mix_probabilities
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["CutMix", "CutMixConfig", "cutmix_batch", "random_box"]
 
@@ -37,7 +37,7 @@ Box = tuple[int, int, int, int]
 
 @dataclass(kw_only=True)
 class CutMixConfig:
-    alpha: float = 1.0
+    alpha: float = primary(1.0)
     """The box's nominal share of the area, ``1 - lam``, has ``lam ~ Beta(alpha, alpha)``;
     positive."""
     interpolate_loss: bool = False

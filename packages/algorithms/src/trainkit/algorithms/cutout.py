@@ -20,14 +20,14 @@ import torch
 from trainkit.algorithms._batch import Key, get_item, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["CutOut", "CutOutConfig", "cutout_batch"]
 
 
 @dataclass(kw_only=True)
 class CutOutConfig:
-    num_holes: int = 1
+    num_holes: int = primary(1)
     """Squares per image; at least 1."""
     length: float = 0.5
     """Side of a square: a fraction of the image's shorter side if below 1 (``int(length *

@@ -25,13 +25,14 @@ from torch import nn
 
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State, Time, TimeUnit, ensure_time
+from trainkit.core.config import primary
 
 __all__ = ["EMA", "EMAConfig", "compute_ema"]
 
 
 @dataclass(kw_only=True)
 class EMAConfig:
-    half_life: str = "1000ba"
+    half_life: str = primary("1000ba")
     """After this long, the weight of older values in the average has halved (in batches)."""
     update_interval: str = "1ba"
     """How often to update the average (in batches)."""

@@ -22,7 +22,7 @@ from torch import nn
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "Factorize",
@@ -36,7 +36,7 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class FactorizeConfig:
-    factorize_convs: bool = True
+    factorize_convs: bool = primary(True)
     """Factorize `nn.Conv2d` layers (groups == 1)."""
     factorize_linears: bool = True
     """Factorize `nn.Linear` layers."""

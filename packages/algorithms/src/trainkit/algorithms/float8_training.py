@@ -41,7 +41,7 @@ from torch import nn
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import check_surgery_allowed
 from trainkit.core import Event, Logger, State, rebind_optimizers
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "Float8Training",
@@ -58,7 +58,7 @@ MIN_CAPABILITY = (8, 9)
 
 @dataclass(kw_only=True)
 class Float8TrainingConfig:
-    recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    recipe: Literal["tensorwise", "rowwise"] = primary("tensorwise")
     """torchao's scaling recipe: "tensorwise" (one dynamic scale per tensor, fastest) or
     "rowwise" (one per row, more accurate)."""
     modules: list[str] | None = None

@@ -21,7 +21,7 @@ from torch import nn
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "GatedIntermediate",
@@ -33,7 +33,7 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class GatedLinearUnitsConfig:
-    act_fn: str | None = None
+    act_fn: str | None = primary(None)
     """Activation of the gate, by transformers' name ("gelu", "silu" for SwiGLU, ...);
     None keeps the model's ``hidden_act``."""
     gated_layer_bias: bool = False

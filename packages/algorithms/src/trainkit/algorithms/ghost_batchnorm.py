@@ -23,7 +23,7 @@ from torch import nn
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["GhostBatchNorm", "GhostBatchNormConfig", "GhostBatchNormLayer", "apply_ghost_batchnorm"]
 
@@ -32,7 +32,7 @@ _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 @dataclass(kw_only=True)
 class GhostBatchNormConfig:
-    ghost_batch_size: int = 32
+    ghost_batch_size: int = primary(32)
     """Samples per ghost batch (per microbatch on each rank); at least 2."""
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ from torch import nn
 
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["GradientClipping", "GradientClippingConfig", "apply_gradient_clipping"]
 
@@ -28,7 +28,7 @@ ClippingType = Literal["norm", "value", "adaptive"]
 
 @dataclass(kw_only=True)
 class GradientClippingConfig:
-    clipping_type: ClippingType = "norm"
+    clipping_type: ClippingType = primary("norm")
     """"norm": scale all gradients so their global L2 norm is at most the threshold;
     "value": clamp each element to [-threshold, threshold]; "adaptive": clip each row's
     gradient to threshold times that row's weight norm."""

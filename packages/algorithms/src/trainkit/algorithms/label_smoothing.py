@@ -17,14 +17,14 @@ from trainkit.algorithms._batch import Key, get_item, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._targets import class_probabilities
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["LabelSmoothing", "LabelSmoothingConfig", "smooth_labels"]
 
 
 @dataclass(kw_only=True)
 class LabelSmoothingConfig:
-    smoothing: float = 0.1
+    smoothing: float = primary(0.1)
     """Share of the probability spread uniformly over the classes; in [0, 1)."""
     target_key: Key = 1
     """Where the batch keeps its targets (a position or a dict key)."""

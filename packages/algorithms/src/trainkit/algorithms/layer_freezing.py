@@ -23,7 +23,7 @@ from torch import nn
 
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "LayerFreezing",
@@ -36,7 +36,7 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class LayerFreezingConfig:
-    freeze_start: float = 0.5
+    freeze_start: float = primary(0.5)
     """Fraction of training after which freezing begins; in [0, 1)."""
     freeze_level: float = 1.0
     """Fraction of the layers frozen at the end of training; in (0, 1]."""

@@ -27,7 +27,7 @@ from trainkit.algorithms._low_precision import (
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "LPGroupNorm",
@@ -39,7 +39,7 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class LowPrecisionGroupNormConfig:
-    dtype: LowPrecisionDtype | None = None
+    dtype: LowPrecisionDtype | None = primary(None)
     """"bfloat16" or "float16"; None follows the run's precision (amp_bf16 -> bfloat16,
     amp_fp16 -> float16) and does nothing in an fp32 run (`apply_low_precision_groupnorm`,
     which has no run to follow, takes None as "bfloat16")."""

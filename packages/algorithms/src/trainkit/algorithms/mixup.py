@@ -27,14 +27,14 @@ from trainkit.algorithms._batch import Key, get_item, interpolate_loss, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._targets import mix_probabilities
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["MixUp", "MixUpConfig", "mixup_batch"]
 
 
 @dataclass(kw_only=True)
 class MixUpConfig:
-    alpha: float = 0.2
+    alpha: float = primary(0.2)
     """``z ~ Beta(alpha, alpha)`` per microbatch, and ``mixing = min(z, 1 - z)``; positive."""
     interpolate_loss: bool = False
     """False: mix the targets (as one-hot probabilities); True: mix the two losses."""

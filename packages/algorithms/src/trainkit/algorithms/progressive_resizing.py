@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from trainkit.algorithms._batch import Key, get_item, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["ProgressiveResizing", "ProgressiveResizingConfig", "resize_batch", "resizing_scale"]
 
@@ -43,7 +43,7 @@ class ProgressiveResizingConfig:
     size_increment: int = 4
     """Widths are rounded to a multiple of this (the height follows at the same scale), which
     bounds the number of distinct sizes in a run; positive."""
-    mode: Mode = "resize"
+    mode: Mode = primary("resize")
     """"resize" (nearest-neighbour interpolation, as Composer) or "crop" (a random crop)."""
     resize_targets: bool = False
     """Resize or crop the targets the same way (segmentation masks, shaped (N, H, W) or

@@ -35,7 +35,7 @@ from torch import nn
 
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 from trainkit.core.rng import get_rng_state, set_rng_state
 
 __all__ = ["SAM", "SAMConfig", "sam_gradient"]
@@ -43,7 +43,7 @@ __all__ = ["SAM", "SAMConfig", "sam_gradient"]
 
 @dataclass(kw_only=True)
 class SAMConfig:
-    rho: float = 0.05
+    rho: float = primary(0.05)
     """Radius of the neighbourhood: the perturbation's L2 norm; positive."""
     epsilon: float = 1e-12
     """Added to the gradient norm to avoid dividing by zero; non-negative."""

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from trainkit.algorithms._batch import Key, get_item, index_batch, set_item
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "SelectiveBackprop",
@@ -48,7 +48,7 @@ _INTERPOLATION = {3: "linear", 4: "bilinear", 5: "trilinear"}
 
 @dataclass(kw_only=True)
 class SelectiveBackpropConfig:
-    start: float = 0.5
+    start: float = primary(0.5)
     """Fraction of training at which selection begins; in [0, 1]."""
     end: float = 0.9
     """Fraction of training at which it ends; above ``start``, at most 1."""

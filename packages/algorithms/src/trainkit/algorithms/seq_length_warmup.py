@@ -18,7 +18,7 @@ import torch
 
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "SeqLengthWarmup",
@@ -30,7 +30,7 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class SeqLengthWarmupConfig:
-    duration: float = 0.3
+    duration: float = primary(0.3)
     """Fraction of training over which the length grows to ``max_seq_length``; in (0, 1]."""
     min_seq_length: int = 8
     """Length at the start; positive and a multiple of ``step_size``."""

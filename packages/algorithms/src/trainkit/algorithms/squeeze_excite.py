@@ -21,7 +21,7 @@ from torch import nn
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "SqueezeExcite",
@@ -34,7 +34,7 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class SqueezeExciteConfig:
-    latent_channels: float = 64
+    latent_channels: float = primary(64)
     """Width of the bottleneck: an int (>= 1) or, below 1, a fraction of the convolution's
     output channels."""
     min_channels: int = 128

@@ -37,7 +37,7 @@ from torch import nn
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import replace_modules
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 from trainkit.core.interval import as_fraction
 
 __all__ = [
@@ -55,7 +55,7 @@ _ALIASES = {"ResNetBottleneck": "Bottleneck"}
 
 @dataclass(kw_only=True)
 class StochasticDepthConfig:
-    target: Target | list[Target] = "Bottleneck"
+    target: Target | list[Target] = primary("Bottleneck")
     """The residual blocks: a class name matched against each module's class (``"Bottleneck"``,
     torchvision ResNet-50's block, also as Composer's ``"ResNetBottleneck"``; ``"BasicBlock"``,
     ResNet-18's; a dotted ``"module.Class"`` matches the full name), a module class, a

@@ -31,7 +31,7 @@ from torch import nn
 
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State, Time, TimeUnit, ensure_time
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["SWA", "SWAConfig", "recompute_batchnorm", "swa_learning_rate", "update_average"]
 
@@ -41,7 +41,7 @@ _WHEN = (TimeUnit.DURATION, TimeUnit.EPOCH, TimeUnit.BATCH)
 
 @dataclass(kw_only=True)
 class SWAConfig:
-    swa_start: str = "0.7dur"
+    swa_start: str = primary("0.7dur")
     """When averaging begins: a fraction of training (``"0.7dur"``), epochs or batches."""
     swa_end: str = "0.97dur"
     """When the model takes the average and averaging stops; after ``swa_start``, in its

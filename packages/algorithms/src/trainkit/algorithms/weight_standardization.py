@@ -26,7 +26,7 @@ from torch.nn.utils import parametrize
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.algorithms._surgery import check_surgery_allowed
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = [
     "WeightStandardization",
@@ -40,7 +40,7 @@ _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 @dataclass(kw_only=True)
 class WeightStandardizationConfig:
-    n_last_layers_ignore: int = 0
+    n_last_layers_ignore: int = primary(0)
     """Leave the last this many convolutions (in module order) as they are, e.g. a
     convolutional classifier head."""
 

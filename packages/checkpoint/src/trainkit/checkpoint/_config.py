@@ -14,6 +14,7 @@ from trainkit.checkpoint._names import check_folder_template, check_name_format
 from trainkit.checkpoint._select import check_ignore_keys, check_names
 from trainkit.checkpoint._storage import is_url
 from trainkit.core import Time
+from trainkit.core.config import primary
 from trainkit.core.interval import IntervalTrigger, interval_trigger
 
 __all__ = ["CheckpointerConfig"]
@@ -39,7 +40,7 @@ class CheckpointerConfig:
         "save_overwrite": "use overwrite=True",
     }
 
-    folder: str | None
+    folder: str | None = primary()
     """Where checkpoints go, one sub-folder each (``name_format``): a local folder or a URL
     (``"s3://bucket/prefix"``). ``{run_name}`` (and ``{rank}``, ``{world_size}``, as in
     ``name_format``) are filled in when the run starts, e.g. ``"runs/{run_name}/checkpoints"``.

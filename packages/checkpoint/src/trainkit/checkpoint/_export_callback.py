@@ -16,6 +16,7 @@ from trainkit.checkpoint._export import check_format, write_export
 from trainkit.checkpoint._hf_files import build_hf_model, find_hf_model, hf_files
 from trainkit.checkpoint._names import fill_folder
 from trainkit.core import Callback, Event, Logger, State, dist
+from trainkit.core.config import primary
 
 __all__ = ["ExportOnFitEnd", "ExportOnFitEndConfig"]
 
@@ -28,7 +29,7 @@ _SUFFIX = {"safetensors": ".safetensors", "torch-export": ".pt2", "onnx": ".onnx
 class ExportOnFitEndConfig:
     """The options of `ExportOnFitEnd`."""
 
-    folder: str
+    folder: str = primary()
     """Where the exports go (a local folder; ``{run_name}`` and ``{world_size}`` are filled
     in), e.g. ``"runs/{run_name}/export"``."""
     formats: list[str] = field(default_factory=lambda: ["safetensors"])

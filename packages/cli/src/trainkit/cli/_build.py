@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+
 from trainkit.cli._config import (
     DATA,
     OPTIMIZER_GROUP,
@@ -16,6 +18,7 @@ from trainkit.cli._config import (
 )
 from trainkit.cli._schema import Problem, build_checked, check_dataclass
 from trainkit.cli._trainer import trainer_config_class
+from trainkit.core import TrainModel
 
 __all__ = ["Run", "build_run"]
 
@@ -49,6 +52,8 @@ def build_run(config: RunConfig) -> Run:
             filled[section.fills[0]] = [_build(c, *leading) for c in value]
         else:
             filled[section.fills[0]] = _build(value, *leading)
+        if section.fills[0] == MODEL:
+            _check_model(value, filled[MODEL])
     checkpointer = None
     if config.checkpoint is not None:
         checkpointer = _build(config.checkpoint)
@@ -59,6 +64,24 @@ def build_run(config: RunConfig) -> Run:
     )
     _raise(problems)
     return Run(trainer_config, checkpointer)
+
+
+def _check_model(component: Component, model: Any) -> None:
+    """A model the loop can train: a module that computes its own loss (`TrainModel`)."""
+    loss = getattr(type(model), "loss", None)
+    if isinstance(model, nn.Module) and callable(loss) and loss is not TrainModel.loss:
+        return
+    what = f"a {type(model).__name__}"
+    if isinstance(model, nn.Module):
+        what += " (a torch module without a loss(outputs, batch) method)"
+    raise ConfigError(
+        f"{MODEL} ({component.name}) returned {what}, but the Trainer needs a model that "
+        "computes its own loss: return a trainkit.core.TrainModel that implements "
+        "loss(outputs, batch), or wrap the network in one of trainkit-trainer's models, "
+        "Classifier(network, num_classes=...) for classification or "
+        "HuggingFaceModel(transformers_model) (the 'huggingface' model, for a transformers "
+        "config), from the factory."
+    )
 
 
 def _callbacks_slot() -> str:

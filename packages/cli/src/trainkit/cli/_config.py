@@ -19,13 +19,17 @@ Sections (`sections` lists them, from `trainkit.trainer.TrainerConfig`):
 
 A metrics file (the ``file`` logger, writing to the run directory) is added to ``loggers``
 when it is installed and not configured.
+
+A ``module:factory`` name may name a module beside the config file (`trainkit.cli._resolve`).
+Once every section is valid, values that must agree across sections are checked
+(`trainkit.cli._agree`: the data's sequence length and the model's positions, ...), so a
+config error stops the run before anything is built or written.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
-import importlib
 import inspect
 import types
 import typing
@@ -34,8 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainkit.cli._agree import check_across
 from trainkit.cli._component import OPTIMIZER_GROUP, Component, Slot, build_slot
 from trainkit.cli._overrides import apply_overrides
+from trainkit.cli._resolve import choices, config_folder, resolve
 from trainkit.cli._schema import (
     MISSING,
     ConfigError,
@@ -227,6 +233,11 @@ def load_config(
 
 def validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None) -> RunConfig:
     """``raw`` checked section by section; every problem is reported at once."""
+    with config_folder(source.resolve().parent if source is not None else None):
+        return _validate(raw, source, run_dir)
+
+
+def _validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None) -> RunConfig:
     problems: list[Problem] = []
     component_sections = sections()
     known = [TRAINER, *(s.key for s in component_sections), CHECKPOINT]
@@ -249,6 +260,10 @@ def validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None) 
         components[section.key] = _section(section, raw.get(section.key, MISSING), problems)
     _add_metrics_file(components, component_sections, run_dir, problems)
     checkpoint, notes = _checkpoint(raw.get(CHECKPOINT, {}), run_dir, problems)
+    if not problems:  # each section is valid on its own: do they fit together?
+        found, across = check_across(trainer, components, checkpoint)
+        problems += found
+        notes += across
     if problems:
         where = str(source) if source is not None else "the default config"
         lines = [f"{where} is not valid:", *(f"  {p.path}: {p.message}" for p in problems)]
@@ -280,7 +295,7 @@ def _section(
     path = path or section.key
     if value is MISSING or value is None:
         if section.required:
-            problems.append(Problem(path, f"required, not given; {_choices(section.group)}"))
+            problems.append(Problem(path, f"required, not given; {choices(section.group)}"))
         return [] if section.many else None
     if isinstance(value, list):
         if section.many is False:
@@ -296,11 +311,6 @@ def _section(
     return one
 
 
-def _choices(group: str) -> str:
-    installed = plugins.available(group)
-    return f"name one of the installed {group}: {', '.join(installed) or 'none'} (or use 'module:factory')"
-
-
 def _component(item: Any, path: str, group: str, problems: list[Problem]) -> Component | None:
     if isinstance(item, str):
         item = {"name": item}
@@ -311,7 +321,7 @@ def _component(item: Any, path: str, group: str, problems: list[Problem]) -> Com
         return None
     name = item.get("name")
     if not isinstance(name, str) or not name:
-        problems.append(Problem(path, f"needs a name; {_choices(group)}"))
+        problems.append(Problem(path, f"needs a name; {choices(group)}"))
         return None
     try:
         target = resolve(group, name)
@@ -323,23 +333,6 @@ def _component(item: Any, path: str, group: str, problems: list[Problem]) -> Com
     found = _check_options(component)
     problems += found
     return None if found else component
-
-
-def resolve(group: str, name: str) -> Any:
-    """An entry point of ``group`` by name, or ``module:attribute``."""
-    if ":" in name:
-        module, _, attribute = name.partition(":")
-        try:
-            return getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError) as err:
-            raise ConfigError(f"cannot import {name!r}: {err}") from err
-    installed = plugins.available(group)
-    if name not in installed:
-        raise ConfigError(
-            f"unknown name {name!r}; installed in {group}: {', '.join(installed) or 'none'} "
-            "(or use 'module:factory')"
-        )
-    return plugins.load(group, name)
 
 
 def _check_options(component: Component) -> list[Problem]:

@@ -191,10 +191,16 @@ def _problems(
     return problems
 
 
+LISTED_FIELDS = 12
+"""A config with more fields than this gets a short unknown-field message (the trainer's
+~40 fields with their docs would bury the suggestion)."""
+
+
 def unknown_field(
     name: str, value: Any, config_class: type, owner: str, with_slots: bool = True
 ) -> str:
-    """The message for a key that is not a field, listing the fields and their docs."""
+    """The message for a key that is not a field: what to use instead, and the fields (each
+    with its type and doc, or by name only for a long config)."""
     docs, hints = field_docs(config_class), field_types(config_class)
     fields = [
         f
@@ -204,6 +210,15 @@ def unknown_field(
     close = difflib.get_close_matches(name, [f.name for f in fields], n=1)
     instead = unknown_field_hint(config_class, name)
     hint = f"{instead}. " if instead else f"did you mean {close[0]!r}? " if close else ""
+    if len(fields) > LISTED_FIELDS:
+        every = (
+            f"`trainkit train --print-config` shows all {len(fields)} fields of {owner} "
+            "with their meaning"
+        )
+        if hint:
+            return f"unknown field (got {value!r}); {hint}({every})"
+        names = ", ".join(f.name for f in fields)
+        return f"unknown field (got {value!r}); {owner} takes: {names} ({every})"
     listing = "".join(
         f"\n      {f.name}: "
         + (

@@ -6,7 +6,7 @@ field, and takes an instance of it::
 
     @dataclass(kw_only=True)
     class EMAConfig:
-        half_life: str = "1000ba"
+        half_life: str = primary("1000ba")  # the field a value given by position fills
         \"\"\"After this long, older weights count half as much.\"\"\"
 
     class EMA(Algorithm, config=EMAConfig):
@@ -16,6 +16,7 @@ field, and takes an instance of it::
 
     EMA(EMAConfig(half_life="100ba"))  # the config
     EMA(half_life="100ba")             # keyword arguments build the same config
+    EMA("100ba")                       # the primary field by position, as Composer
 
 The CLI's YAML schema and its errors, ``trainkit train --print-config``, the logged
 hyperparameters and the docs all read these dataclasses (`settings`, `field_docs`,
@@ -39,6 +40,8 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
+from trainkit.core.plugins import did_you_mean
+
 __all__ = [
     "Configurable",
     "attribute_docs",
@@ -46,6 +49,8 @@ __all__ = [
     "check_config_class",
     "field_docs",
     "is_slot",
+    "primary",
+    "primary_field",
     "settings",
     "slot",
     "slot_group",
@@ -56,6 +61,7 @@ __all__ = [
 
 C = TypeVar("C")
 _SLOT = "trainkit.slot"
+_PRIMARY = "trainkit.primary"
 _MISSING: Any = dataclasses.MISSING
 
 
@@ -64,6 +70,17 @@ def slot(group: str | None, *, default: Any = _MISSING, default_factory: Any = _
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={_SLOT: group})
     return dataclasses.field(default=default, metadata={_SLOT: group})
+
+
+def primary(default: Any = _MISSING, *, default_factory: Any = _MISSING) -> Any:
+    """The config field a component's first positional value fills (one per config)."""
+    metadata = {_PRIMARY: True}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def primary_field(config_class: type) -> str | None:
+    """The name of ``config_class``'s primary field (`primary`), or None."""
+    return next((f.name for f in dataclasses.fields(config_class) if _PRIMARY in f.metadata), None)
 
 
 def is_slot(field: dataclasses.Field[Any]) -> bool:
@@ -95,6 +112,8 @@ def check_config_class(config_class: Any, owner: str) -> None:
             f"{owner}: {config_class.__name__} must be @dataclass(kw_only=True); "
             f"positional fields: {positional}"
         )
+    if sum(_PRIMARY in f.metadata for f in dataclasses.fields(config_class)) > 1:
+        raise TypeError(f"{owner}: {config_class.__name__} declares 2 or more primary fields")
     if any(f.name == "name" for f in dataclasses.fields(config_class)):
         raise TypeError(
             f"{owner}: {config_class.__name__} has a field called 'name', which config files "
@@ -110,37 +129,61 @@ def unknown_field_hint(config_class: type, name: str) -> str | None:
     return hints.get(name) if isinstance(hints, Mapping) else None
 
 
-def build_config(config_class: type[C], config: C | None, options: Mapping[str, Any]) -> C:
+def build_config(config_class: type[C], config: Any, options: Mapping[str, Any]) -> C:
     """``config`` (default: the class's defaults) with ``options`` replacing its fields.
 
+    A ``config`` that is not a ``config_class`` fills the class's primary field (`primary`).
     Options are applied with `dataclasses.replace`, which runs ``__post_init__`` again on
     the new values: validate there, but do not rewrite fields (derive values on the
     component instead), or an override would meet the rewritten value.
 
     Raises:
-        TypeError: ``config`` is of another class, or an option is not a field; the message
-            lists the fields.
+        TypeError: ``config`` is of another class and there is no primary field for it, or
+            an option is not a field; the message names the field and lists the fields.
     """
     if not options and type(config) is config_class:
         return config  # as given (a function that takes a config may run every batch)
     if config is not None and not isinstance(config, config_class):
-        raise TypeError(
-            f"expected a {config_class.__name__}, got {type(config).__name__}; pass the config "
-            "positionally or its fields as keyword arguments"
-        )
-    names = [f.name for f in dataclasses.fields(config_class)]  # type: ignore[arg-type]
-    unknown = [key for key in options if key not in names]
-    if unknown:
-        hints = "".join(
-            f"; {key}: {hint}" for key in unknown if (hint := unknown_field_hint(config_class, key))
-        )
-        raise TypeError(
-            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}{hints}; "
-            f"its fields: {', '.join(names) or 'none'}"
-        )
+        if (name := primary_field(config_class)) is None:
+            raise TypeError(_not_a_config(config_class.__name__, config_class, config))
+        return _built(config_class.__name__, config_class, (name,), (config,), options)
+    _check_names(config_class, options)
     if config is None:
         return config_class(**options)
     return dataclasses.replace(config, **options) if options else config  # type: ignore[type-var]
+
+
+def _built(owner: str, config_class: type[C], names: Any, values: Any, options: Any) -> C:
+    """The config with ``values`` in the fields ``names``; its own checks' errors name them."""
+    filled = _by_position(owner, names, values, options)
+    _check_names(config_class, filled)
+    try:
+        return config_class(**filled)
+    except (TypeError, ValueError) as err:
+        given = ", ".join(f"{k}={v!r}" for k, v in filled.items() if k not in options)
+        error = TypeError if isinstance(err, TypeError) else ValueError
+        raise error(f"{owner}({given}), given by position: {err}") from err
+
+
+def _check_names(config_class: type, options: Mapping[str, Any]) -> None:
+    names = [f.name for f in dataclasses.fields(config_class)]
+    unknown = [key for key in options if key not in names]
+    if unknown:
+        hints = "".join(
+            f"; {k}: {h}" for k in unknown if (h := unknown_field_hint(config_class, k))
+        )
+        raise TypeError(
+            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}{hints}; its "
+            f"fields: {', '.join(names) or 'none'}{did_you_mean(unknown[0], names)}"
+        )
+
+
+def _not_a_config(owner: str, config_class: type, value: Any) -> str:
+    name, got = config_class.__name__, type(value).__name__
+    fields = ", ".join(f.name for f in dataclasses.fields(config_class))
+    if not dataclasses.is_dataclass(value):
+        got += f" {value!r}; {owner} takes no value by position ({name} has no primary field)"
+    return f"expected a {name}, got {got}; pass a {name} or its fields by keyword: {fields}"
 
 
 class Configurable:
@@ -154,9 +197,9 @@ class Configurable:
     config_class: ClassVar[type[Any] | None] = None
     config: Any = None  # also for subclasses whose __init__ does not call super().__init__
     positional: ClassVar[tuple[str, ...]] = ()
-    """Fields that may also be given by position, in this order (``class X(Base,
-    config=XConfig, positional=("monitor", ...))``), e.g. to accept a Composer call's
-    positional arguments; a subclass's ``__init__`` then passes ``*values`` through."""
+    """Fields that may be given by position: the config's `primary` field, or as declared
+    (``class X(Base, config=XConfig, positional=("monitor", ...))``) to accept a Composer
+    call's positional arguments; a subclass's ``__init__`` then passes ``*values`` through."""
 
     def __init_subclass__(
         cls, *, config: type | None = None, positional: tuple[str, ...] = (), **kwargs: Any
@@ -165,6 +208,8 @@ class Configurable:
         if config is not None:
             check_config_class(config, cls.__name__)
             cls.config_class = config
+            name = primary_field(config)
+            cls.positional = (name,) if name is not None else ()
         if positional:
             names = {f.name for f in dataclasses.fields(cls.config_class or object)}
             unknown = [p for p in positional if p not in names]
@@ -183,9 +228,13 @@ class Configurable:
                 )
             self.config = None
             return
-        if config is not None and not isinstance(config, config_class) and cls.positional:
-            config, options = None, _by_position(cls, (config, *values), options)
-        elif values:
+        if config is not None and not isinstance(config, config_class):
+            if not cls.positional:
+                raise TypeError(_not_a_config(cls.__name__, config_class, config))
+            given = (config, *values)
+            self.config = _built(cls.__name__, config_class, cls.positional, given, options)
+            return
+        if values:
             raise TypeError(
                 f"{cls.__name__} takes its config or keyword fields, not {1 + len(values)} "
                 f"positional arguments; fields: {', '.join(f.name for f in dataclasses.fields(config_class))}"
@@ -193,18 +242,21 @@ class Configurable:
         self.config = build_config(config_class, config, options)
 
 
-def _by_position(cls: type[Configurable], values: tuple[Any, ...], options: dict[str, Any]):
-    names = cls.positional
+def _by_position(
+    owner: str, names: tuple[str, ...], values: tuple[Any, ...], options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``options`` with ``values`` given to the fields ``names``, in order."""
     if len(values) > len(names):
         raise TypeError(
-            f"{cls.__name__} takes at most {len(names)} positional arguments "
+            f"{owner} takes at most {len(names)} positional arguments "
             f"({', '.join(names)}), got {len(values)}"
         )
+    result = dict(options)
     for name, value in zip(names, values, strict=False):
-        if name in options:
-            raise TypeError(f"{cls.__name__} got two values for {name!r} (by position and keyword)")
-        options = {**options, name: value}
-    return options
+        if name in result:
+            raise TypeError(f"{owner} got two values for {name!r} (by position and keyword)")
+        result[name] = value
+    return result
 
 
 def to_plain(value: Any) -> Any:

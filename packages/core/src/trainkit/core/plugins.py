@@ -30,14 +30,24 @@ as trainkit's own, naming the module that defines the component::
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from typing import Any, NamedTuple
 
-__all__ = ["GROUPS", "PluginInfo", "available", "describe", "lazy_exports", "load", "name_hints"]
+__all__ = [
+    "GROUPS",
+    "PluginInfo",
+    "available",
+    "describe",
+    "did_you_mean",
+    "lazy_exports",
+    "load",
+    "name_hints",
+]
 
 GROUPS = (
     "trainkit.algorithms",
@@ -86,13 +96,22 @@ def load(group: str, name: str) -> Any:
     """Import and return the object registered as ``name`` in ``group`` (cached).
 
     Raises:
-        LookupError: no such name; the message lists the installed ones.
+        LookupError: no such name; the message suggests one and lists the installed ones.
     """
     entry_points = _entry_points(group)
     if name not in entry_points:
         known = ", ".join(sorted(entry_points)) or "none installed"
-        raise LookupError(f"no {group!r} entry point named {name!r}; available: {known}")
+        raise LookupError(
+            f"no {group!r} entry point named {name!r}{did_you_mean(name, entry_points)}; "
+            f"available: {known}"
+        )
     return entry_points[name].load()
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'ema'?"`` for the known name closest to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def lazy_exports(

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel, parallelize_module
 
 from trainkit.core import ParallelStrategy, Precision, State
+from trainkit.core.config import primary
 from trainkit.parallel._common import (
     broadcast_module_states,
     check_not_wrapped,
@@ -49,7 +50,7 @@ _ALIASES: dict[str, type[ParallelStyle]] = {
 class TensorParallelConfig:
     """The options of `TensorParallel`."""
 
-    plan: Plan
+    plan: Plan = primary()
     """Module-name pattern (fnmatch: ``*`` matches any characters, dots included) -> a
     `ParallelStyle` or one of ``"colwise"``, ``"rowwise"``, ``"sequence_parallel"``,
     ``"fused_qkv"``. Every pattern must match a module. Ready plans: `gpt2_plan`,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainkit.core import Time, ensure_time
-from trainkit.core.config import Configurable
+from trainkit.core.config import Configurable, primary
 from trainkit.trainer._schedule_time import (
     _check_alpha,
     _check_milestones,
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 @dataclass(kw_only=True)
 class _WarmupConfig:
-    t_warmup: Time | str | int
+    t_warmup: Time | str | int = primary()
     """How long the linear warm-up from 0 takes (``"0.1dur"``, ``"2ep"``, ``"500ba"``);
     it must not be longer than ``t_max``."""
     alpha_f: float = 0.0
@@ -143,7 +143,7 @@ class PolynomialWithWarmupScheduler(_Warmup, config=PolynomialWithWarmupSchedule
 
 @dataclass(kw_only=True)
 class ConstantWithWarmupSchedulerConfig:
-    t_warmup: Time | str | int
+    t_warmup: Time | str | int = primary()
     """How long the linear warm-up from 0 to ``alpha`` takes (``"0.1dur"``, ``"2ep"``, ...);
     it must not be longer than ``t_max``."""
     alpha: float = 1.0
@@ -181,7 +181,7 @@ class ConstantWithWarmupScheduler(Configurable, config=ConstantWithWarmupSchedul
 
 @dataclass(kw_only=True)
 class MultiStepWithWarmupSchedulerConfig:
-    t_warmup: Time | str | int
+    t_warmup: Time | str | int = primary()
     """How long the linear warm-up from 0 to 1 takes (``"0.1dur"``, ``"2ep"``, ...);
     milestones before its end have no effect."""
     milestones: list[Time | str | int]
@@ -217,7 +217,7 @@ class MultiStepWithWarmupScheduler(Configurable, config=MultiStepWithWarmupSched
 
 @dataclass(kw_only=True)
 class CosineAnnealingWarmRestartsSchedulerConfig:
-    t_0: Time | str | int
+    t_0: Time | str | int = primary()
     """The length of the first cosine cycle (positive: ``"0.25dur"``, ``"2ep"``, ...)."""
     t_mult: float = 1.0
     """Each cycle is ``t_mult`` times as long as the one before (at least 1)."""

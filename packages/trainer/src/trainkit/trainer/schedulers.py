@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainkit.core import Time, ensure_time
-from trainkit.core.config import Configurable
+from trainkit.core.config import Configurable, primary
 from trainkit.trainer._schedule_time import (
     Scheduler,
     _check_alpha,
@@ -96,7 +96,7 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class ConstantSchedulerConfig:
-    alpha: float = 1.0
+    alpha: float = primary(1.0)
     """The learning-rate multiplier until ``t_max`` (then 1.0)."""
     t_max: Time | str | int = "1dur"
     """How long ``alpha`` holds: ``"1dur"`` (the whole run), ``"2ep"``, ``"500ba"``, ..."""
@@ -122,7 +122,7 @@ class ConstantScheduler(Configurable, config=ConstantSchedulerConfig):
 
 @dataclass(kw_only=True)
 class LinearSchedulerConfig:
-    alpha_i: float = 1.0
+    alpha_i: float = primary(1.0)
     """The multiplier at the start."""
     alpha_f: float = 0.0
     """The multiplier at ``t_max`` and after."""
@@ -153,7 +153,7 @@ class LinearScheduler(Configurable, config=LinearSchedulerConfig):
 
 @dataclass(kw_only=True)
 class ExponentialSchedulerConfig:
-    gamma: float
+    gamma: float = primary()
     """The multiplier after each ``decay_period`` (applied continuously in between)."""
     decay_period: Time | str | int = "1ep"
     """The period over which the learning rate is multiplied by ``gamma`` (positive)."""
@@ -179,7 +179,7 @@ class ExponentialScheduler(Configurable, config=ExponentialSchedulerConfig):
 
 @dataclass(kw_only=True)
 class StepSchedulerConfig:
-    step_size: Time | str | int
+    step_size: Time | str | int = primary()
     """How often to multiply by ``gamma`` (positive: ``"1ep"``, ``"0.1dur"``, ...)."""
     gamma: float = 0.1
     """The multiplier applied at every step."""
@@ -206,7 +206,7 @@ class StepScheduler(Configurable, config=StepSchedulerConfig):
 
 @dataclass(kw_only=True)
 class MultiStepSchedulerConfig:
-    milestones: list[Time | str | int]
+    milestones: list[Time | str | int] = primary()
     """When to multiply by ``gamma``, e.g. ``["0.3dur", "0.6dur"]`` or ``["30ep", "60ep"]``."""
     gamma: float = 0.1
     """The multiplier applied at each milestone."""
@@ -231,7 +231,7 @@ class MultiStepScheduler(Configurable, config=MultiStepSchedulerConfig):
 
 @dataclass(kw_only=True)
 class PolynomialSchedulerConfig:
-    power: float
+    power: float = primary()
     """The exponent of the decay (1.0 is linear, 2.0 quadratic)."""
     t_max: Time | str | int = "1dur"
     """How long the decay to ``alpha_f`` takes (positive)."""
@@ -262,7 +262,7 @@ class PolynomialScheduler(Configurable, config=PolynomialSchedulerConfig):
 
 @dataclass(kw_only=True)
 class CosineAnnealingSchedulerConfig:
-    t_max: Time | str | int = "1dur"
+    t_max: Time | str | int = primary("1dur")
     """How long the half cosine from 1 to ``alpha_f`` takes (positive)."""
     alpha_f: float = 0.0
     """The multiplier at ``t_max`` and after."""

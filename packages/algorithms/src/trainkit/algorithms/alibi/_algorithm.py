@@ -21,7 +21,7 @@ from trainkit.algorithms.alibi._models import (
 )
 from trainkit.algorithms.seq_length_warmup import set_batch_sequence_length
 from trainkit.core import Event, Logger, State
-from trainkit.core.config import build_config
+from trainkit.core.config import build_config, primary
 
 __all__ = ["Alibi", "AlibiConfig", "apply_alibi", "scale_sequence_length"]
 
@@ -32,7 +32,7 @@ most half of a CUDA device's memory)."""
 
 @dataclass(kw_only=True)
 class AlibiConfig:
-    max_sequence_length: int = 8192
+    max_sequence_length: int = primary(8192)
     """The longest sequence the model accepts after surgery: it bounds the bias (heads x
     length^2 float32, checked to fit in memory) and sets the position capacity (BERT's and
     RoBERTa's position buffers, the model config's ``max_position_embeddings``)."""
