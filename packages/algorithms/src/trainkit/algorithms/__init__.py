@@ -22,6 +22,12 @@ if TYPE_CHECKING:  # the same names, for type checkers (a test keeps the two equ
         check_surgery_allowed,
         replace_modules,
     )
+    from trainkit.algorithms.activation_checkpointing import (
+        ActivationCheckpointing,
+        ActivationCheckpointingConfig,
+        apply_activation_checkpointing,
+        selective_policy,
+    )
     from trainkit.algorithms.alibi import (
         Alibi,
         AlibiAttention,
@@ -206,6 +212,12 @@ if TYPE_CHECKING:  # the same names, for type checkers (a test keeps the two equ
 _MODULES: dict[str, tuple[str, ...]] = {
     "_passes": ("ComposableAlgorithm", "STANDARD_PASSES", "warn_on_combined_loss_interpolation"),
     "_surgery": ("check_surgery_allowed", "Policy", "replace_modules"),
+    "activation_checkpointing": (
+        "ActivationCheckpointing",
+        "ActivationCheckpointingConfig",
+        "apply_activation_checkpointing",
+        "selective_policy",
+    ),
     "alibi": (
         "Alibi",
         "alibi_bias",

@@ -13,7 +13,7 @@ from trainkit.core._destination import LoggerDestination
 from trainkit.core._engine import AlgorithmError, CallbackError, Engine, OrderingPass, Trace
 from trainkit.core._event import Event
 from trainkit.core._logger import Logger
-from trainkit.core._model import PretrainedWrapper, TrainModel
+from trainkit.core._model import PretrainedWrapper, TrainModel, repeated_blocks
 from trainkit.core._parallel import ParallelStrategy, SingleProcess
 from trainkit.core._precision import Device, MixedPrecision, Precision
 from trainkit.core._preemption import PREEMPTED_EXIT_CODE, PreemptionRequest, TrainingPreempted
@@ -53,6 +53,7 @@ __all__ = [
     "TrainingPreempted",
     "ensure_time",
     "rebind_optimizers",
+    "repeated_blocks",
 ]
 
 # Names a Composer port (``from composer import Trainer``) reaches for here, and where they

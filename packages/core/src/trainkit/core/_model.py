@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-__all__ = ["PretrainedWrapper", "TrainModel"]
+__all__ = ["PretrainedWrapper", "TrainModel", "repeated_blocks"]
 
 
 class TrainModel(nn.Module):
@@ -67,3 +67,21 @@ class PretrainedWrapper(Protocol):
     language model, ``generate``)."""
     tokenizer: Any
     """Its tokenizer, or None."""
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of ``model``, deepest first: children of a ModuleList that share
+    one class. What FSDP shards and activation checkpointing wraps by default.
+
+    That is how Hugging Face transformers (``model.transformer.h``, ``model.model.layers``)
+    and most hand-written transformers hold their layers.
+    """
+    blocks: list[nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 1:
+            classes = {type(child) for child in module}
+            if len(classes) == 1:
+                blocks.extend(module)
+    # A block inside another block (nested ModuleLists) must be handled first.
+    order = {id(m): i for i, m in enumerate(reversed(list(model.modules())))}
+    return sorted(blocks, key=lambda m: order[id(m)])

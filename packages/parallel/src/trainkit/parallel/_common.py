@@ -16,7 +16,6 @@ __all__ = [
     "ModuleSelector",
     "broadcast_module_states",
     "check_not_wrapped",
-    "repeated_blocks",
     "require_process_group",
     "select_modules",
     "sharded_precision",
@@ -91,23 +90,6 @@ def select_modules(model: nn.Module, selector: ModuleSelector, what: str) -> lis
 def _deepest_first(model: nn.Module, keep: Callable[[nn.Module], Any]) -> list[nn.Module]:
     # modules() lists parents before children; reversed, children come first.
     return [m for m in reversed(list(model.modules())) if bool(keep(m))]
-
-
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of ``model``: children of a ModuleList that share one class.
-
-    That is how Hugging Face transformers (``model.transformer.h``, ``model.model.layers``)
-    and most hand-written transformers hold their layers.
-    """
-    blocks: list[nn.Module] = []
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 1:
-            classes = {type(child) for child in module}
-            if len(classes) == 1:
-                blocks.extend(module)
-    # A block inside another block (nested ModuleLists) must be handled first.
-    order = {id(m): i for i, m in enumerate(reversed(list(model.modules())))}
-    return sorted(blocks, key=lambda m: order[id(m)])
 
 
 @torch.no_grad()

@@ -14,12 +14,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel, parallelize_module
 
-from trainkit.core import ParallelStrategy, Precision, State
+from trainkit.core import ParallelStrategy, Precision, State, repeated_blocks
 from trainkit.core.config import primary
 from trainkit.parallel._common import (
     broadcast_module_states,
     check_not_wrapped,
-    repeated_blocks,
     require_process_group,
     sharded_precision,
 )

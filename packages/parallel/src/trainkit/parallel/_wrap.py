@@ -7,7 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from trainkit.parallel._common import ModuleSelector, repeated_blocks, select_modules
+from trainkit.core import repeated_blocks
+from trainkit.parallel._common import ModuleSelector, select_modules
 
 __all__ = ["apply_activation_checkpointing", "apply_compile", "find_blocks"]
 
