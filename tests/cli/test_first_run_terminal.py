@@ -35,6 +35,8 @@ def test_the_summary_counts_tokens_only_when_the_data_has_them():
     assert _trained(Timestamp(batch=168, total_wct=0.23)) == "trained 168 batches in 0.2 s"
     text = Timestamp(batch=1436, token=23_500_000, total_wct=230.4)
     assert _trained(text) == "trained 1436 batches (23.5M tokens) in 230 s"
+    few = Timestamp(batch=10, token=40_960, total_wct=8.24)  # was "(0.0M tokens)"
+    assert _trained(few) == "trained 10 batches (40,960 tokens) in 8.2 s"
 
 
 def test_the_cli_readme_promises_only_the_plots_the_default_run_draws():

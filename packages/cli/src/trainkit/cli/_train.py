@@ -171,7 +171,14 @@ def _finish(
 def _trained(timestamp: Any) -> str:
     """``trained 1436 batches (23.5M tokens) in 230 s``; tokens only where the data counts
     them (text), seconds to a tenth under ten."""
-    tokens = f" ({timestamp.token / 1e6:.1f}M tokens)" if timestamp.token else ""
+    count = timestamp.token
+    tokens = (
+        f" ({count / 1e6:.1f}M tokens)"
+        if count >= 100_000
+        else f" ({count:,} tokens)"
+        if count
+        else ""
+    )
     seconds = timestamp.total_wct
     took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
     return f"trained {timestamp.batch} batches{tokens} in {took} s"
