@@ -8,7 +8,12 @@ import pytest
 import ckpt_runs
 from ckpt_runs import trainer
 from toy import blobs, loader, mlp
-from trainkit.checkpoint import Checkpointer, FolderOfAnotherModelError, list_checkpoints
+from trainkit.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    FolderOfAnotherModelError,
+    list_checkpoints,
+)
 from trainkit.core import CallbackError
 from trainkit.trainer import Trainer
 
@@ -30,6 +35,27 @@ def test_a_run_of_another_model_refuses_the_folder_before_touching_it(tmp_path):
     # Nothing was read into the run or written there: latest still names the old run's.
     assert {p.name: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
     assert (folder / "latest").read_text() == latest
+
+
+def test_a_folder_none_of_whose_checkpoints_loads_is_refused_not_trained_over(tmp_path):
+    # Checkpoints saved before manifests recorded the model (as the runs/default):
+    # each fails to load into another model, and the run used to start afresh there.
+    folder = tmp_path / "checkpoints"
+    trainer(str(folder), interval="1ep", autoresume=True, max_duration="2ep").fit()
+    for path in folder.glob("*/trainkit-manifest.json"):
+        manifest = json.loads(path.read_text())
+        del manifest["model"]
+        path.write_text(json.dumps(manifest))
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    with pytest.raises(CallbackError) as caught, pytest.warns(UserWarning, match="ep2-ba16"):
+        trainer(str(folder), interval="1ep", autoresume=True, model=mlp(hidden=8))
+    assert isinstance(caught.value.__cause__, CheckpointError)
+    message = str(caught.value.__cause__)
+    assert f"{folder} holds 2 checkpoint(s) and none can be loaded into this run" in message
+    assert "does not fit this model" in message or "Size mismatch" in message
+    assert "overwrite=True" in message and "--run-dir" in message
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
 def test_the_same_model_resumes_and_overwrite_lets_another_one_train_there(tmp_path):

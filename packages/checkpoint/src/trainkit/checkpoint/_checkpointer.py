@@ -203,6 +203,8 @@ class Checkpointer(Callback, config=CheckpointerConfig):
                 # fault, so never fall back to older ones (or silently start afresh).
                 raise
             except CheckpointError as err:
+                if not config.overwrite and name == names[-1]:
+                    raise _none_loadable(storage, len(names), err) from err
                 warn(
                     f"cannot resume from {location(storage, name)} ({err}); "
                     "trying the previous checkpoint",
@@ -466,6 +468,20 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             self._let_go()
             if state is not None:
                 release_staging(state)
+
+
+def _none_loadable(storage: Storage, count: int, last: CheckpointError) -> CheckpointError:
+    """The folder holds checkpoints and none loads into this run: another run's (one saved
+    before manifests recorded the model), or all damaged. Starting afresh there would put
+    this run's checkpoints beside them and move ``latest``, so the run stops instead."""
+    return CheckpointError(
+        f"{location(storage, '')} holds {count} checkpoint(s) and none can be loaded into this "
+        f"run (the oldest: {last}): they are another run's (another model or config) or "
+        "damaged. Nothing was written there. To start fresh, give this run a folder of its "
+        "own (trainkit train: another run_name, config file name or --run-dir; the Trainer: "
+        "another save_folder), or set overwrite=True (the Trainer's save_overwrite=True) to "
+        "train this run there anyway"
+    )
 
 
 _held: weakref.WeakSet[FolderLock] = weakref.WeakSet()
