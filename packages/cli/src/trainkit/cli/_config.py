@@ -181,7 +181,7 @@ class RunConfig:
     so that a copy of its output writes to a run directory of its own."""
 
     def plain(self) -> dict[str, Any]:
-        """The resolved config as plain data (what ``--print-config`` prints)."""
+        """The resolved config as plain data, every value filled in."""
         result: dict[str, Any] = {}
         for key, value in self.components.items():
             if isinstance(value, list):
@@ -246,7 +246,7 @@ def validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None) 
     trainer = _trainer_settings(raw.get(TRAINER), problems)
     name = trainer["run_name"] or (source.stem if source is not None else "default")
     run_dir = run_dir if run_dir is not None else Path("runs") / name
-    from_run_dir = set()
+    from_run_dir: set[str] = set()
     if trainer["run_name"] is None:
         trainer["run_name"] = run_dir.name
         from_run_dir.add(f"{TRAINER}.run_name")
