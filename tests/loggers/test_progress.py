@@ -93,3 +93,19 @@ def test_a_run_on_a_budget_fills_the_bar_when_the_budget_ends(budget, said):
     last = out.getvalue().rstrip("\n").rsplit("\r", 1)[-1]
     assert last.startswith(f"[{'#' * 20}] 100% {said}, batch ")
     assert "/64" not in last and "ETA 00:00" in last
+
+
+def test_plain_lines_of_a_run_on_a_budget_say_where_it_is_in_the_budget():
+    out = io.StringIO()  # not a terminal: plain lines
+    Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(1024)),  # 64 batches an epoch
+        max_duration="6ba",
+        device="cpu",
+        progress_bar=False,
+        loggers=[ProgressBar(interval=3, stream=out)],
+    ).fit()
+    assert [line.split("]")[0] for line in out.getvalue().splitlines()] == [
+        "[batch 3, 50% of 6ba",
+        "[batch 6, 100% of 6ba",
+    ]
