@@ -7,7 +7,6 @@ import importlib
 import math
 import os
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from trainkit.core import (
     dist,
     ensure_time,
 )
+from trainkit.core._warnings import warn
 from trainkit.core.interval import interval_trigger
 
 __all__ = [
@@ -298,11 +298,10 @@ class BufferedDestination(Callback, LoggerDestination, config=BufferedDestinatio
         except Exception as err:
             if not self._warned:
                 self._warned = True
-                warnings.warn(
+                warn(
                     f"logger destination {type(self).__name__} could not write at the end of "
                     f"fit ({err!r}); training is not affected",
                     RuntimeWarning,
-                    stacklevel=2,
                 )
 
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
