@@ -12,9 +12,10 @@ import warnings
 
 __all__ = ["warn"]
 
-_LIBRARIES = ("trainkit", "torch")
-"""Top-level packages whose frames are skipped: trainkit's, and torch's between them (a
-checkpoint planner called by torch.distributed.checkpoint)."""
+_LIBRARIES = ("trainkit", "torch", "threading", "concurrent")
+"""Top-level packages whose frames are skipped: trainkit's, torch's between them (a
+checkpoint planner called by torch.distributed.checkpoint), and those that start the
+library's background threads (so a warning there falls back to the line that warned)."""
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
