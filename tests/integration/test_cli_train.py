@@ -42,8 +42,26 @@ def test_running_again_resumes(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "resuming from" in out and "at batch 4" in out
+    assert out.count("resuming from") == 1 and "at batch 4" in out  # the Trainer's line only
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "ep0-ba8"
+
+
+def test_a_run_of_another_model_refuses_the_run_directory(tmp_path, capsys):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run_dir), "--max-duration", "4ba"]) == 0
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    capsys.readouterr()
+
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(TINY.replace("n_layer: 1", "n_layer: 2"))
+    assert main(["train", str(edited), "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir / 'checkpoints'} holds checkpoints of another model" in err
+    assert "saved by run 'run'" in err and "--run-dir" in err and "overwrite=True" in err
+    # config.yaml, metrics.jsonl and the checkpoints are the first run's, untouched.
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
 
 
 # --- the checkpoint section is the Checkpointer's own config (needs trainkit-checkpoint) ---

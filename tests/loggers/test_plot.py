@@ -46,9 +46,21 @@ def test_plot_writes_loss_lr_and_throughput_pngs(run_dir, capsys):
     for name in ("loss.png", "lr.png", "throughput.png"):
         data = (run_dir / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
-    assert capsys.readouterr().out.split() == [
-        str(run_dir / n) for n in ("loss.png", "lr.png", "throughput.png")
+    assert capsys.readouterr().out.splitlines() == [
+        f"plot of loss: {run_dir / 'loss.png'}",
+        f"plot of lr: {run_dir / 'lr.png'}",
+        f"plot of throughput: {run_dir / 'throughput.png'}",
     ]
+
+
+def test_plot_paths_are_said_so_that_they_open_from_here(run_dir, capsys, monkeypatch):
+    # Issue 52.9: "loss.png" alone when plotting "." (or a name without its folder).
+    monkeypatch.chdir(run_dir)
+    assert main(["."]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "plot of loss: loss.png"
+    monkeypatch.chdir(run_dir.parent)
+    assert main([run_dir.name]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"plot of loss: {run_dir.name}/loss.png"
 
 
 def test_plot_to_another_folder_and_only_what_was_logged(tmp_path):

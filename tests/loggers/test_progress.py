@@ -75,3 +75,37 @@ def test_bad_options_are_clear_errors():
         ProgressBar(refresh_per_second=0)
     with pytest.raises(ValueError, match="interval 0 is not valid; use a number of batches >= 1"):
         ProgressBar(interval=0)
+
+
+@pytest.mark.parametrize(("budget", "said"), [("3ba", "of 3ba"), ("0.3sec", "of 0.3 s")])
+def test_a_run_on_a_budget_fills_the_bar_when_the_budget_ends(budget, said):
+    # Issue 52.9: a run budgeted in batches or seconds ends inside its epoch; the bar
+    # counted the epoch and ended part full at "ETA 00:00".
+    out = FakeTerminal()
+    Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(1024)),  # 64 batches an epoch
+        max_duration=budget,
+        device="cpu",
+        progress_bar=False,
+        loggers=[ProgressBar(stream=out, refresh_per_second=1e9)],
+    ).fit()
+    last = out.getvalue().rstrip("\n").rsplit("\r", 1)[-1]
+    assert last.startswith(f"[{'#' * 20}] 100% {said}, batch ")
+    assert "/64" not in last and "ETA 00:00" in last
+
+
+def test_plain_lines_of_a_run_on_a_budget_say_where_it_is_in_the_budget():
+    out = io.StringIO()  # not a terminal: plain lines
+    Trainer(
+        model=mlp(),
+        train_dataloader=loader(blobs(1024)),  # 64 batches an epoch
+        max_duration="6ba",
+        device="cpu",
+        progress_bar=False,
+        loggers=[ProgressBar(interval=3, stream=out)],
+    ).fit()
+    assert [line.split("]")[0] for line in out.getvalue().splitlines()] == [
+        "[batch 3, 50% of 6ba",
+        "[batch 6, 100% of 6ba",
+    ]

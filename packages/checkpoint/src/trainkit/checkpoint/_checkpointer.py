@@ -20,7 +20,6 @@ import logging
 import secrets
 import threading
 import time
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -43,11 +42,13 @@ from trainkit.checkpoint._names import (
     format_name,
     has_fields,
 )
+from trainkit.checkpoint._owner import current_model_summary, refuse_other_model
 from trainkit.checkpoint._save import PendingSave, release_staging, save_to
 from trainkit.checkpoint._storage import Storage, is_url, location, open_storage
 from trainkit.checkpoint._write import Cancel
 from trainkit.core import Callback, Event, Logger, PreemptionRequest, State, Timestamp, dist
 from trainkit.core.interval import interval_trigger
+from trainkit.core.messages import warn
 
 __all__ = ["Checkpointer", "CheckpointerConfig"]
 
@@ -136,6 +137,8 @@ class Checkpointer(Callback, config=CheckpointerConfig):
                 # About to read the folder: refuse now if a live run holds it (otherwise the
                 # refusal comes at fit, without a request to the storage before).
                 on_rank0(lambda: self._refuse_if_held(state))
+            if not config.overwrite:
+                self._refuse_other_model(state)
         if config.autoresume and config.save_weights_only:
             # Checked here rather than in the config, which takes each field on its own.
             raise ValueError(
@@ -148,6 +151,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             if found is not None:
                 name, manifest = found
                 self.loaded_from = location(self._storage_for(state), name)
+                state.resumed_from = str(self.loaded_from)
                 self.saved_at = (state.timestamp.epoch, state.timestamp.batch)
                 self.run_id = manifest.run_id  # the resumed run goes on under its own id
                 return
@@ -172,6 +176,13 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             storage_options = config.storage_options if is_url(path) else None
             load_checkpoint(state, path, storage_options=storage_options, **options)
             self.loaded_from = path
+        state.resumed_from = str(self.loaded_from)
+
+    def _refuse_other_model(self, state: State) -> None:
+        """Refuse a folder whose newest checkpoint is another model's, before reading or
+        writing anything there (collective)."""
+        storage, mine = self._storage_for(state), current_model_summary(state)
+        on_rank0(lambda: refuse_other_model(storage, mine, state.run_name))
 
     def _newest_loadable(self, state: State) -> tuple[str, Manifest] | None:
         config, storage = self.config, self._storage_for(state)
@@ -192,10 +203,11 @@ class Checkpointer(Callback, config=CheckpointerConfig):
                 # fault, so never fall back to older ones (or silently start afresh).
                 raise
             except CheckpointError as err:
-                warnings.warn(
+                if not config.overwrite and name == names[-1]:
+                    raise _none_loadable(storage, len(names), err) from err
+                warn(
                     f"cannot resume from {location(storage, name)} ({err}); "
                     "trying the previous checkpoint",
-                    stacklevel=2,
                 )
         return None
 
@@ -243,7 +255,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             return taken_over
 
         if (taken_over := on_rank0(take)) is not None and dist.get_rank() == 0:
-            warnings.warn(f"{self.folder}: {taken_over}", stacklevel=3)
+            warn(f"{self.folder}: {taken_over}")
 
     def _let_go(self) -> None:
         if self.lock is not None and dist.get_rank() == 0:
@@ -314,7 +326,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             request.abandoned = str(err)
             self.saved_at = at  # FIT_END must not try again
             self._cancel = None
-            warnings.warn(f"preemption checkpoint abandoned: {err}", stacklevel=2)
+            warn(f"preemption checkpoint abandoned: {err}")
         finally:
             if timer is not None:
                 timer.cancel()
@@ -346,7 +358,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
         try:
             self.wait()
         except Exception as err:  # the error fit raises is the one that matters
-            warnings.warn(f"the save in flight when fit failed did not finish: {err}", stacklevel=2)
+            warn(f"the save in flight when fit failed did not finish: {err}")
         finally:
             self._let_go()
 
@@ -430,10 +442,9 @@ class Checkpointer(Callback, config=CheckpointerConfig):
         """Rank 0: give the checkpoint ``folder`` to every logger destination (a
         destination's failure is a warning from the `Logger`; training goes on)."""
         if self._logger is None:
-            warnings.warn(
+            warn(
                 f"upload_to_loggers: {folder} was saved outside a run (no Logger yet), so it "
                 "was not given to any logger destination",
-                stacklevel=3,
             )
             return
         # overwrite: a checkpoint saved again under its name (overwrite=True, or a resumed
@@ -448,7 +459,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             rotate(self.storage, self.run_id, self.config.keep)
         except CheckpointError as err:
             # Training goes on; the next rotation tries again.
-            warnings.warn(f"could not remove old checkpoints: {err}", stacklevel=2)
+            warn(f"could not remove old checkpoints: {err}")
 
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         try:
@@ -457,6 +468,20 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             self._let_go()
             if state is not None:
                 release_staging(state)
+
+
+def _none_loadable(storage: Storage, count: int, last: CheckpointError) -> CheckpointError:
+    """The folder holds checkpoints and none loads into this run: another run's (one saved
+    before manifests recorded the model), or all damaged. Starting afresh there would put
+    this run's checkpoints beside them and move ``latest``, so the run stops instead."""
+    return CheckpointError(
+        f"{location(storage, '')} holds {count} checkpoint(s) and none can be loaded into this "
+        f"run (the oldest: {last}): they are another run's (another model or config) or "
+        "damaged. Nothing was written there. To start fresh, give this run a folder of its "
+        "own (trainkit train: another run_name, config file name or --run-dir; the Trainer: "
+        "another save_folder), or set overwrite=True (the Trainer's save_overwrite=True) to "
+        "train this run there anyway"
+    )
 
 
 _held: weakref.WeakSet[FolderLock] = weakref.WeakSet()

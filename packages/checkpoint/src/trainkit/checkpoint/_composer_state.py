@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -25,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from trainkit.checkpoint._errors import CheckpointError
 from trainkit.checkpoint._manifest import Manifest
 from trainkit.core import State, Timestamp
+from trainkit.core.messages import warn
 
 __all__ = ["ModelPlan", "apply_to_run", "plan_model"]
 
@@ -76,9 +76,9 @@ def plan_model(
             "strict=False to skip them, or ignore_keys=['state/model/<name pattern>']"
         )
     if missing:
-        warnings.warn(f"not in checkpoint {where}, left as they are: {missing[:20]}", stacklevel=6)
+        warn(f"not in checkpoint {where}, left as they are: {missing[:20]}")
     if unexpected:
-        warnings.warn(f"not in the model, not loaded from {where}: {unexpected[:20]}", stacklevel=6)
+        warn(f"not in the model, not loaded from {where}: {unexpected[:20]}")
     mapped = {k: v for k, v in mapped.items() if k in live}
     wrong = [
         f"{k} {tuple(v.shape)} (model: {tuple(live[k].shape)})"
@@ -177,17 +177,15 @@ def _optimizers(
     classes = [type(o).__qualname__ for o in state.optimizers]
     for optimizer, name in zip(state.optimizers, classes, strict=True):
         if name not in saved:
-            warnings.warn(
+            warn(
                 f"{where} has no state for the optimizer {name} (it has {sorted(saved)}); "
                 f"the run's {name} starts fresh",
-                stacklevel=7,
             )
             continue
         if classes.count(name) > 1:
-            warnings.warn(
+            warn(
                 f"the run has {classes.count(name)} {name} optimizers and {where} one state for "
                 "that class; none of them was restored",
-                stacklevel=7,
             )
             continue
         converted = _optimizer_state(
@@ -282,9 +280,8 @@ def _rng(saved: Any, where: str) -> list[dict[str, Any]] | None:
     try:
         return [_rng_entry(entry) for entry in saved]
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        warnings.warn(
+        warn(
             f"{where}: random generator states not restored ({type(err).__name__}: {err})",
-            stacklevel=7,
         )
         return None
 

@@ -73,7 +73,9 @@ class CheckpointerConfig:
     written, and, at the first ``fit``, so does a folder holding checkpoints this run would
     save over later (as Composer's ``save_overwrite=False``). With ``autoresume``, the
     checkpoints newer than the one the run resumed from (its lost progress, e.g. after a
-    crash before ``latest`` was updated) are replaced without it."""
+    crash before ``latest`` was updated) are replaced without it. Without it, too, a run
+    refuses a folder whose newest checkpoint is another model's, or none of whose
+    checkpoints it can load; with it, the run trains there anyway."""
     save_weights_only: bool = False
     """Save only the model weights (smaller; a run cannot resume from them, so this does
     not go with ``autoresume``, but another can start from them with

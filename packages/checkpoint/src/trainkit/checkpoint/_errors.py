@@ -4,6 +4,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointExistsError",
     "FolderLockedError",
+    "FolderOfAnotherModelError",
     "MissingAlgorithmError",
     "StorageError",
     "UnsafeCheckpointError",
@@ -33,6 +34,11 @@ class UnsafePathError(UnsafeCheckpointError):
 
 class FolderLockedError(CheckpointError):
     """Another run holds the checkpoint folder; nothing was written."""
+
+
+class FolderOfAnotherModelError(CheckpointError):
+    """The checkpoint folder holds checkpoints of a model of another shape (another run's);
+    nothing was read or written there."""
 
 
 class StorageError(CheckpointError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from trainkit.checkpoint._manifest import MANIFEST, Manifest
 from trainkit.checkpoint._names import format_name
 from trainkit.checkpoint._storage import Storage, join, location, open_storage
 from trainkit.core import State, Timestamp, dist
+from trainkit.core.messages import warn
 
 __all__ = ["complete", "future_collisions", "list_checkpoints", "manifests", "rotate"]
 
@@ -47,7 +47,7 @@ def manifests(storage: Storage) -> list[tuple[str, Manifest]]:
         except (FileNotFoundError, IsADirectoryError):
             continue  # not a checkpoint, or an interrupted save
         except UnsafePathError as err:
-            warnings.warn(f"skipping {location(storage, name)}: {err}", stacklevel=3)
+            warn(f"skipping {location(storage, name)}: {err}")
             continue
         try:
             found.append((name, Manifest.parse(data, f"{location(storage, name)}/{MANIFEST}")))
@@ -66,7 +66,7 @@ def complete(storage: Storage, *, newest_first: bool, prefer_latest: bool = Fals
         except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
             named = ""
         except UnsafePathError as err:
-            warnings.warn(f"ignoring {location(storage, LATEST)}: {err}", stacklevel=3)
+            warn(f"ignoring {location(storage, LATEST)}: {err}")
             named = ""
         if named in ordered:
             ordered.remove(named)
@@ -85,10 +85,9 @@ def rotate(storage: Storage, run_id: str, keep: int) -> None:
     for *_, old in reversed(own[: max(0, len(own) - keep)]):
         left = remove_own_checkpoint(storage, old, run_id)
         if left:
-            warnings.warn(
+            warn(
                 f"{location(storage, old)}: kept {left}, which the run did not write (only its "
                 "checkpoint's files were deleted)",
-                stacklevel=4,
             )
 
 

@@ -29,6 +29,7 @@ from trainkit.checkpoint._select import (
 )
 from trainkit.checkpoint._storage import Storage, location, open_storage, split_location
 from trainkit.core import State, dist
+from trainkit.core.messages import warn
 
 __all__ = ["load_checkpoint", "load_from", "resolve_checkpoint"]
 
@@ -209,4 +210,4 @@ def _check_model_keys(
             "ignore_keys=['model/<name pattern>'] to keep the model's own values for some"
         )
     if missing:
-        warnings.warn(f"not in checkpoint {where}, left as they are: {missing[:20]}", stacklevel=5)
+        warn(f"not in checkpoint {where}, left as they are: {missing[:20]}")

@@ -42,7 +42,7 @@ __all__ = [
 
 MANIFEST = "trainkit-manifest.json"
 FORMAT = "trainkit-checkpoint"
-VERSION = 3  # 2: required_algorithms; 3: run_id, checksums other than sha256
+VERSION = 4  # 2: required_algorithms; 3: run_id, checksums other than sha256; 4: model
 CHECKSUMS = ("sha256", "xxh3_128")
 _CHUNK = 8 << 20
 _VERIFY_THREADS = 8
@@ -102,6 +102,9 @@ class Manifest:
     run_id: str = ""
     """Random, fixed for a run and the runs that resume it: rotation deletes only
     checkpoints with its own (empty in manifests before version 3)."""
+    model: dict[str, Any] = field(default_factory=dict)
+    """The saving model's shape: ``{"fingerprint", "tensors", "values"}`` of its state-dict
+    names and shapes (empty before version 4); a run of another model refuses the folder."""
     created: float = field(default_factory=time.time)
     format: str = FORMAT
     version: int = VERSION

@@ -39,6 +39,7 @@ from trainkit.checkpoint._common import (
 from trainkit.checkpoint._errors import CheckpointError
 from trainkit.checkpoint._hf_files import hf_files
 from trainkit.checkpoint._manifest import FileEntry, Manifest, check_checksum
+from trainkit.checkpoint._owner import model_summary
 from trainkit.checkpoint._storage import (
     Storage,
     default_local_dir,
@@ -224,6 +225,7 @@ def save_to(
         weights_only=weights_only,
         required_algorithms=required_algorithms(state),
         run_id=run_id,
+        model=model_summary(state_dict["state"]["model"]),
     )
     threads = save_threads(state_dict, hosts.count(hosts[rank]))
     # The model's HuggingFace config and tokenizer travel with it (rank 0 writes them).

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
 from trainkit.checkpoint._errors import MissingAlgorithmError
 from trainkit.core import State
+from trainkit.core.messages import warn
 
 __all__ = [
     "IgnoreKeys",
@@ -76,7 +76,7 @@ def drop_matching(tree: dict[str, Any], patterns: Sequence[str], *, into_lists: 
     walk(tree, "")
     unused = [p for p in patterns if not any(matches(d, p) for d in dropped)]
     if unused:
-        warnings.warn(f"ignore_keys patterns {unused} matched nothing in the state", stacklevel=4)
+        warn(f"ignore_keys patterns {unused} matched nothing in the state")
     return dropped
 
 
@@ -97,10 +97,9 @@ def drop_excluded_algorithms(
         del states[key]
     unknown = [name for name in exclude if not any(_is_instance_of(k, name) for k in known)]
     if unknown:
-        warnings.warn(
+        warn(
             f"exclude_algorithms names {unknown}, which neither this run nor the checkpoint "
             f"has (known here: {sorted(set(known)) or 'none'}); nothing was excluded for them",
-            stacklevel=4,
         )
 
 
@@ -133,4 +132,4 @@ def check_required_algorithms(
     )
     if strict:
         raise MissingAlgorithmError(f"{message}, or load with strict=False to try anyway")
-    warnings.warn(f"{message}; loading anyway (strict=False)", stacklevel=5)
+    warn(f"{message}; loading anyway (strict=False)")

@@ -23,7 +23,6 @@ import os
 import shutil
 import stat
 import tempfile
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -39,6 +38,7 @@ from trainkit.checkpoint._confine import (
 )
 from trainkit.checkpoint._errors import CheckpointError, UnsafePathError
 from trainkit.core import plugins
+from trainkit.core.messages import warn
 
 __all__ = [
     "ConditionalStorage",
@@ -281,10 +281,9 @@ def _flocked(fd: int, kind: int) -> Iterator[None]:
             raise
         if not _warned_flock:  # some network file systems: the lock is then best-effort
             _warned_flock = True
-            warnings.warn(
+            warn(
                 f"this file system does not support flock ({err}): two runs starting "
                 "at the same moment on one checkpoint folder may both take it",
-                stacklevel=4,
             )
         yield
         return

@@ -181,9 +181,13 @@ class RunConfig:
     """The checkpointer, or None (turned off, or trainkit-checkpoint not installed)."""
     notes: list[str] = field(default_factory=list)
     """Things the user should know (a section ignored, ...)."""
+    from_run_dir: set[str] = field(default_factory=set)
+    """Paths of the values derived from ``run_dir``, not given (``trainer.run_name``,
+    ``checkpoint.folder``, the metrics file's logger): ``--print-config`` leaves them unset,
+    so that a copy of its output writes to a run directory of its own."""
 
     def plain(self) -> dict[str, Any]:
-        """The resolved config as plain data (what ``--print-config`` prints)."""
+        """The resolved config as plain data, every value filled in."""
         result: dict[str, Any] = {}
         for key, value in self.components.items():
             if isinstance(value, list):
@@ -198,11 +202,12 @@ class RunConfig:
         result[TRAINER] = {k: to_plain(v) for k, v in self.trainer.items()}
         return result
 
-    def to_yaml(self) -> str:
-        """The resolved config as YAML, each field's docstring above it as a comment."""
+    def to_yaml(self, portable: bool = False) -> str:
+        """The resolved config as YAML, each field's docstring above it as a comment;
+        ``portable``: without the values `from_run_dir` (what ``--print-config`` prints)."""
         from trainkit.cli._print import config_yaml
 
-        return config_yaml(self)
+        return config_yaml(self, portable)
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -252,14 +257,19 @@ def _validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None)
     trainer = _trainer_settings(raw.get(TRAINER), problems)
     name = trainer["run_name"] or (source.stem if source is not None else "default")
     run_dir = run_dir if run_dir is not None else Path("runs") / name
+    from_run_dir: set[str] = set()
     if trainer["run_name"] is None:
         trainer["run_name"] = run_dir.name
+        from_run_dir.add(f"{TRAINER}.run_name")
 
     components: dict[str, Slot] = {}
     for section in component_sections:
         components[section.key] = _section(section, raw.get(section.key, MISSING), problems)
-    _add_metrics_file(components, component_sections, run_dir, problems)
+    added = _add_metrics_file(components, component_sections, run_dir, problems)
     checkpoint, notes = _checkpoint(raw.get(CHECKPOINT, {}), run_dir, problems)
+    from_run_dir |= {added.path} if added is not None else set()
+    if checkpoint is not None and "folder" not in (raw.get(CHECKPOINT) or {}):
+        from_run_dir.add(f"{CHECKPOINT}.folder")
     if not problems:  # each section is valid on its own: do they fit together?
         found, across = check_across(trainer, components, checkpoint)
         problems += found
@@ -268,7 +278,7 @@ def _validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None)
         where = str(source) if source is not None else "the default config"
         lines = [f"{where} is not valid:", *(f"  {p.path}: {p.message}" for p in problems)]
         raise ConfigError("\n".join(lines), problems)
-    return RunConfig(source, run_dir, trainer, components, checkpoint, notes)
+    return RunConfig(source, run_dir, trainer, components, checkpoint, notes, from_run_dir)
 
 
 def _trainer_settings(given: Any, problems: list[Problem]) -> dict[str, Any]:
@@ -412,14 +422,14 @@ def _add_metrics_file(
     component_sections: list[Section],
     run_dir: Path,
     problems: list[Problem],
-) -> None:
+) -> Component | None:
     """The ``file`` logger writing to the run directory, unless the config names it."""
     section = next((s for s in component_sections if s.group == LOGGER_GROUP and s.many), None)
     if section is None or FILE_LOGGER not in plugins.available(LOGGER_GROUP):
-        return
+        return None
     loggers = components[section.key]
     if not isinstance(loggers, list) or any(c.name == FILE_LOGGER for c in loggers):
-        return
+        return None
     target = plugins.load(LOGGER_GROUP, FILE_LOGGER)
     item: dict[str, Any] = {"name": FILE_LOGGER}
     if "folder" in accepted_fields(target, LOGGER_GROUP):
@@ -427,6 +437,7 @@ def _add_metrics_file(
     added = _component(item, f"{section.key}.{len(loggers)}", LOGGER_GROUP, problems)
     if added is not None:
         loggers.append(added)
+    return added
 
 
 def _checkpoint(

@@ -8,12 +8,15 @@ figures (`compressor_baselines`) are computed on exactly the bytes the model is 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import logging
 import lzma
 import re
 import sysconfig
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,8 @@ def tiny_gpt2(
     ``dropout`` is 0 by default (transformers' GPT-2 uses 0.1): a model trained for
     minutes sees each byte about once and gains nothing from it.
     """
-    from transformers import GPT2Config
+    with quiet_third_party_imports():  # transformers imports torchao, whose Enums torch logs
+        from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (loads the model code)
 
     config = GPT2Config(
         vocab_size=VOCAB,
@@ -93,6 +97,29 @@ def byte_tokenizer() -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=chars[0])
+
+
+_PYTREE_ENUM_NOTICE = "is an Enum subclass and is now natively supported by torch.compile"
+"""What torch logs (``torch.utils._pytree``, at WARNING) for each Enum torchao registers as a
+pytree constant when transformers imports it: twice before the run's first line, about
+torchao's code, with nothing for the user to do."""
+
+
+class _DropPytreeEnumNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _PYTREE_ENUM_NOTICE not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_third_party_imports() -> Iterator[None]:
+    """While importing transformers (and the torchao it imports): drop torch's deprecation
+    notice about torchao's Enums, that notice only; every other record goes through."""
+    logger, dropped = logging.getLogger("torch.utils._pytree"), _DropPytreeEnumNotice()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 # --- data ----------------------------------------------------------------------------------

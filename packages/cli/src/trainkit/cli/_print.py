@@ -2,6 +2,11 @@
 
 The output is itself a valid config: loading it again gives the same run. Values a config
 file cannot hold (objects a component was given in Python) are shown commented out.
+
+``--print-config`` prints it *portable*: the values derived from the run directory and not
+given (the run's name, the checkpoint folder, the metrics file's logger) are left unset, so
+that a copy of the output, saved as ``my_run.yaml``, trains in ``runs/my_run/`` instead of
+writing into the run it was printed from.
 """
 
 from __future__ import annotations
@@ -30,17 +35,27 @@ HEADER = """\
 # hold objects a config file cannot give; set them in Python.
 """
 WIDTH = 92
+RUN_DIR = "runs/{run_name}"
+"""The run directory, as printed: ``--run-dir``, or runs/ and the run's name (by default the
+config file's name)."""
 
 Row = tuple[str, Any, str]  # (key, value, doc)
 
 
-def config_yaml(config: RunConfig) -> str:
+def config_yaml(config: RunConfig, portable: bool = False) -> str:
+    """``config`` as YAML; ``portable``: leave unset what the run directory gave."""
+    unset = config.from_run_dir if portable else set()
     lines = [HEADER.rstrip("\n")]
     for section in sections():
         value = config.components[section.key]
         lines.append("")
         lines += _comment(section.doc, 0)
         if isinstance(value, list):
+            left_out = [c for c in value if c.path in unset]
+            value = [c for c in value if c.path not in unset]
+            lines += [
+                f"# (unset: a {c.name!r} logger writing in the run directory)" for c in left_out
+            ]
             if not value:
                 lines.append(f"{section.key}: []")
                 continue
@@ -62,13 +77,23 @@ def config_yaml(config: RunConfig) -> str:
         lines += [f"# {note}" for note in config.notes]
     else:
         lines.append(f"{CHECKPOINT}:")
-        lines += _mapping(config.checkpoint.fields(), 2)
+        rows = config.checkpoint.fields()
+        if f"{CHECKPOINT}.folder" in unset:
+            rows = [row for row in rows if row[0] != "folder"]
+            lines.append(f"  # folder: {RUN_DIR}/checkpoints  (unset: in the run directory)")
+        lines += _mapping(rows, 2)
 
     lines.append("")
     lines += _comment("The Trainer's settings (trainkit.trainer.TrainerConfig).", 0)
     docs = field_docs(trainer_config_class())
     lines.append(f"{TRAINER}:")
-    lines += _mapping([(k, v, docs.get(k, "")) for k, v in config.trainer.items()], 2)
+    settings = dict(config.trainer)
+    if f"{TRAINER}.run_name" in unset:
+        settings["run_name"] = None
+    for line in _mapping([(k, v, docs.get(k, "")) for k, v in settings.items()], 2):
+        if line == "  run_name: null" and f"{TRAINER}.run_name" in unset:
+            line += "  # unset: the config file's name (or --run-dir's)"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

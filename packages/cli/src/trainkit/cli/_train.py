@@ -5,7 +5,8 @@ Run directory layout (stable)::
     <run_dir>/config.yaml      the resolved config of the run
     <run_dir>/metrics.jsonl    every logged value, one JSON object per line (trainkit-loggers)
     <run_dir>/checkpoints/     one folder per checkpoint, plus `latest` (trainkit-checkpoint)
-    <run_dir>/*.png            loss, learning-rate and throughput curves (trainkit-loggers[plot])
+    <run_dir>/loss.png         the loss curves (trainkit-loggers[plot]; lr.png and
+                               throughput.png too for a run that logs them)
     <run_dir>/sample.txt       text generated at the end (the default language model)
 
 At the end, rank 0 gives config.yaml, sample.txt and the plots to every logger destination
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         base = default_config(plan, "generate" in plugins.available("trainkit.callbacks"))
     config = load_config(args.config, overrides, base=base, run_dir=args.run_dir)
     if args.print_config:
-        print(config.to_yaml(), end="")
+        print(config.to_yaml(portable=True), end="")
         return 0
     if config.trainer["max_duration"] is None:
         raise ValueError("trainer.max_duration is not set; say how long to train, e.g. 10ep, 500ba")
@@ -74,12 +75,14 @@ def run(args: argparse.Namespace) -> int:
     run_dir = config.run_dir
     if plan is not None:
         plan = _start_default(plan, str(config.trainer["max_duration"]), args.set)
+    run = build_run(config)
+    trainer = _build_trainer(run.config)
+    # Written once the trainer is built: a run refused a folder (another run's) leaves its
+    # files as they were.
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(config.to_yaml())
-    run = build_run(config)
-    trainer = trainer_class()(run.config)
-    _say_where(trainer, run_dir, run.checkpointer, config.notes)
+    _say_where(run_dir, config.notes)
     first_step = _time_first_step(trainer, started)
     trainer.fit()
     # fit() ends with an evaluation; a run resumed after it finished has none yet.
@@ -90,14 +93,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_where(trainer: Any, run_dir: Path, checkpointer: Any, notes: list[str]) -> None:
+def _build_trainer(trainer_config: Any) -> Any:
+    try:
+        return trainer_class()(trainer_config)
+    except RuntimeError as err:
+        # A component refusing the run at set-up (a checkpoint folder of another model, ...)
+        # is the user's to act on: said as the config's mistakes are, without a traceback.
+        if isinstance(err.__cause__, ValueError):
+            raise ValueError(str(err)) from err
+        raise
+
+
+def _say_where(run_dir: Path, notes: list[str]) -> None:
+    # Where the run resumed from, the Trainer says itself.
     if dist.get_rank() != 0:
         return
-    if checkpointer is not None and checkpointer.loaded_from is not None:
-        print(
-            f"resuming from {checkpointer.loaded_from} at batch {trainer.state.timestamp.batch}",
-            flush=True,
-        )
     for note in notes:
         print(f"note: {note}", flush=True)
     print(f"run directory: {run_dir}", flush=True)
@@ -139,12 +149,7 @@ def _finish(
     summary = "  ".join(f"{k}: {float(v):.4f}" for k, v in results.items())
     if first_step:
         print(f"first training step {first_step[0]:.1f} s after start", flush=True)
-    timestamp = trainer.state.timestamp
-    print(
-        f"trained {timestamp.batch} batches ({timestamp.token / 1e6:.1f}M tokens) in "
-        f"{timestamp.total_wct:.0f} s",
-        flush=True,
-    )
+    print(_trained(trainer.state.timestamp), flush=True)
     print(f"final evaluation: {summary or 'no eval data'}", flush=True)
     _compare_with_compressors(trainer, results)
     if "plot" in plugins.available("trainkit.commands") and (run_dir / "metrics.jsonl").exists():
@@ -161,6 +166,22 @@ def _finish(
     for path in [run_dir / "config.yaml", run_dir / "sample.txt", *sorted(run_dir.glob("*.png"))]:
         if path.is_file():
             trainer.logger.upload_file(path.name, path, overwrite=True)
+
+
+def _trained(timestamp: Any) -> str:
+    """``trained 1436 batches (23.5M tokens) in 230 s``; tokens only where the data counts
+    them (text), seconds to a tenth under ten."""
+    count = timestamp.token
+    tokens = (
+        f" ({count / 1e6:.1f}M tokens)"
+        if count >= 100_000
+        else f" ({count:,} tokens)"
+        if count
+        else ""
+    )
+    seconds = timestamp.total_wct
+    took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
+    return f"trained {timestamp.batch} batches{tokens} in {took} s"
 
 
 def _compare_with_compressors(trainer: Any, results: dict) -> None:

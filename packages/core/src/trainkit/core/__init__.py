@@ -4,7 +4,7 @@ Events and the engine that runs components at them, the component protocols (Alg
 Callback, LoggerDestination, ParallelStrategy, Precision, TrainModel), the run's State,
 time, data and its exact-resume positions. The ready-made loop is trainkit-trainer
 (`trainkit.trainer`). Public submodules: `trainkit.core.config`, `.data`, `.dist`,
-`.interval`, `.meta`, `.plugins`, `.precision`, `.progress`, `.rng`.
+`.interval`, `.messages`, `.meta`, `.plugins`, `.precision`, `.progress`, `.rng`.
 """
 
 from trainkit.core._callback import ORDERS, Algorithm, Callback, Order

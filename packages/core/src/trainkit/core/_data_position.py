@@ -20,7 +20,6 @@ import array
 import hashlib
 import itertools
 import operator
-import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainkit.core import dist
 from trainkit.core._rng import seed_everything
+from trainkit.core.messages import warn
 
 __all__ = [
     "DataPosition",
@@ -270,13 +270,12 @@ class _CountedPosition(DataPosition):
         saved, self._saved_world_size = self._saved_world_size, None
         world = dist.get_world_size()
         if batches_done and saved is not None and saved != world:
-            warnings.warn(
+            warn(
                 f"resuming mid-epoch on {world} ranks from a run on {saved}: "
                 f"{type(self).__name__} positions each rank by its batch count, so some of "
                 "this epoch's samples are seen twice or not at all (exact from the next "
                 "epoch on). Resume on the same number of ranks, or use data whose position "
                 "is global (a StreamingDataset)",
-                stacklevel=4,
             )
 
 
@@ -325,13 +324,12 @@ class ReplayPosition(_CountedPosition):
         if batches_done:
             if not self._warned:
                 self._warned = True
-                warnings.warn(
+                warn(
                     f"resuming mid-epoch on a {type(loader).__name__}, which trainkit cannot "
                     f"position directly: skipping {batches_done} batches by iterating them. "
                     "Use a map-style DataLoader, a loader with state_dict() / "
                     "load_state_dict(), or a StreamingDataset to resume without reading the "
                     "skipped data",
-                    stacklevel=4,
                 )
             iterator = itertools.islice(iterator, batches_done, None)
         return iterator

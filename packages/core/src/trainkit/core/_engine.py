@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import functools
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -19,6 +18,7 @@ from trainkit.core._callback import (
 )
 from trainkit.core._checks import check_algorithm, check_listener, declared_required_events
 from trainkit.core._event import Event
+from trainkit.core.messages import warn
 
 if TYPE_CHECKING:
     from trainkit.core._logger import Logger
@@ -338,7 +338,7 @@ class Engine:
                         "'The event contract')"
                     )
         for problem in problems:
-            warnings.warn(problem, RuntimeWarning, stacklevel=3)
+            warn(problem, RuntimeWarning)
         return problems
 
     def close(self) -> None:

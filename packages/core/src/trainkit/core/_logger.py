@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from trainkit.core._callback import call_close
 from trainkit.core._checks import check_destination
 from trainkit.core._destination import LoggerDestination
+from trainkit.core.messages import warn
 
 if TYPE_CHECKING:
     from trainkit.core._state import State
@@ -42,11 +42,10 @@ class Logger:
         """Warn once per destination that it failed; training goes on."""
         if id(destination) not in self._warned:
             self._warned.add(id(destination))
-            warnings.warn(
+            warn(
                 f"logger destination {type(destination).__name__}.{method} failed ({err!r}); "
                 "training continues, further errors from it are not reported",
                 RuntimeWarning,
-                stacklevel=4,
             )
 
     def _step(self, step: int | None) -> int:

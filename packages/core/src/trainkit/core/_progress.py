@@ -9,6 +9,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from trainkit.core._callback import Callback
 from trainkit.core._destination import LoggerDestination
+from trainkit.core._time import TimeUnit
 
 if TYPE_CHECKING:
     from trainkit.core._logger import Logger
@@ -52,11 +53,7 @@ class ProgressLines(Callback, LoggerDestination, config=ProgressLinesConfig):
         interval = self.config.interval or max(1, (state.dataloader_len or 500) // 10)
         if state.rank != 0 or (state.timestamp.batch % interval and not state.is_done()):
             return
-        ts = state.timestamp
-        of = f"/{state.dataloader_len}" if state.dataloader_len else ""
-        self._print(
-            f"[epoch {ts.epoch} batch {ts.batch_in_epoch}{of}] " + self._format("loss/train")
-        )
+        self._print(f"[{_where(state)}] " + self._format("loss/train"))
 
     def eval_after_all(self, state: State, logger: Logger) -> None:
         if state.rank == 0:
@@ -74,3 +71,13 @@ class ProgressLines(Callback, LoggerDestination, config=ProgressLinesConfig):
 
     def _print(self, line: str) -> None:
         print(line, file=self.config.stream or sys.stdout, flush=True)
+
+
+def _where(state: State) -> str:
+    """Where the run is: within its budget when it ends on one (seconds, batches, tokens,
+    samples: usually inside an epoch), else within the epoch."""
+    ts, duration = state.timestamp, state.max_duration
+    if duration is not None and duration.unit is not TimeUnit.EPOCH:
+        return f"batch {ts.batch}, {min(state.elapsed_fraction(), 1.0):.0%} of {duration}"
+    of = f"/{state.dataloader_len}" if state.dataloader_len else ""
+    return f"epoch {ts.epoch} batch {ts.batch_in_epoch}{of}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import InitVar, dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from trainkit.core._precision import Precision
 from trainkit.core._preemption import PreemptionRequest
 from trainkit.core._rng import get_rng_state, set_rng_state
 from trainkit.core._time import Time, Timestamp, TimeUnit
+from trainkit.core.messages import warn
 
 __all__ = ["Evaluator", "State", "check_microbatch_size_value", "check_subset_num_batches"]
 
@@ -157,6 +157,10 @@ class State:
     preemption: PreemptionRequest | None = None
     """Set by ``fit`` after the batch at which every rank agreed to stop because of a
     preemption signal (None otherwise): a checkpointer saves at that ``BATCH_CHECKPOINT``."""
+    resumed_from: str | None = None
+    """The checkpoint the run's state was loaded from at BEFORE_LOAD (a path or URL), set by
+    whoever loaded it (trainkit-checkpoint's `Checkpointer`); None: the run started afresh.
+    The Trainer says where it resumed (or that the run was already complete) from it."""
     loop_private: Any = None
     """What the loop running this State keeps for itself from batch to batch (trainkit-
     trainer's: its recompile counter and out-of-memory checkpoints). Components never read
@@ -294,16 +298,14 @@ class State:
         if rank < len(rng_states):
             set_rng_state(rng_states[rank])
             if len(rng_states) != self.world_size:
-                warnings.warn(
+                warn(
                     f"the saved run had {len(rng_states)} ranks and this one has "
                     f"{self.world_size}: random streams continue only for the ranks both share",
-                    stacklevel=3,
                 )
         else:
-            warnings.warn(
+            warn(
                 f"no saved RNG state for rank {rank} (the saved run had {len(rng_states)} "
                 "ranks); this rank keeps its freshly seeded generators",
-                stacklevel=3,
             )
 
 
@@ -335,10 +337,9 @@ def _load_by_name(kind: str, objects: Sequence[Any], states: dict[str, Any]) -> 
     by_name = dict(zip(_names(objects), objects, strict=True))
     for name, value in states.items():
         if name not in by_name:
-            warnings.warn(
+            warn(
                 f"the checkpoint has state for {kind} {name!r}, which this run does not use; "
                 f"ignored (this run's {kind}s: {sorted(by_name) or 'none'})",
-                stacklevel=3,
             )
             continue
         by_name[name].load_state_dict(value)

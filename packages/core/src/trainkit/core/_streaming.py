@@ -7,7 +7,6 @@ program imported it.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from trainkit.core import dist
 from trainkit.core._data_position import DataPosition, EpochSeeds
+from trainkit.core.messages import warn
 
 __all__ = ["StreamingPosition"]
 
@@ -77,11 +77,10 @@ class StreamingPosition(DataPosition):
         if not batches_done:
             self.epoch, self.sample_in_epoch = epoch, 0
         elif self.epoch != epoch:
-            warnings.warn(
+            warn(
                 f"resuming epoch {epoch} at batch {batches_done} without a saved streaming "
                 "position (the checkpoint has no data state): assuming it was saved on this "
                 "number of ranks",
-                stacklevel=4,
             )
             self.epoch, self.sample_in_epoch = epoch, batches_done * self._samples_per_batch
         self._seek()

@@ -7,7 +7,6 @@ import importlib
 import math
 import os
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from trainkit.core import (
     ensure_time,
 )
 from trainkit.core.interval import interval_trigger
+from trainkit.core.messages import warn
 
 __all__ = [
     "BufferedDestination",
@@ -298,11 +298,10 @@ class BufferedDestination(Callback, LoggerDestination, config=BufferedDestinatio
         except Exception as err:
             if not self._warned:
                 self._warned = True
-                warnings.warn(
+                warn(
                     f"logger destination {type(self).__name__} could not write at the end of "
                     f"fit ({err!r}); training is not affected",
                     RuntimeWarning,
-                    stacklevel=2,
                 )
 
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from trainkit.core import Logger, State
+from trainkit.core import Logger, State, Time, TimeUnit
 from trainkit.core.progress import ProgressLines, ProgressLinesConfig
 
 __all__ = ["ProgressBar", "ProgressBarConfig"]
@@ -35,7 +35,8 @@ class ProgressBarConfig(ProgressLinesConfig):
 
 
 class ProgressBar(ProgressLines, config=ProgressBarConfig):
-    """Progress of the epoch and of the whole run, on rank 0.
+    """Progress of the run on rank 0: of its ``max_duration`` (a wall-clock, batch, token
+    or sample budget), or with a duration in epochs, of the epoch; and the run's ETA.
 
     In a terminal the line is redrawn in place (at most ``refresh_per_second`` times a
     second); otherwise it falls back to plain lines every ``interval`` batches, so logs
@@ -94,12 +95,15 @@ class ProgressBar(ProgressLines, config=ProgressBarConfig):
         self._newline()
 
     def _line(self, state: State, now: float) -> str:
-        ts, length = state.timestamp, state.dataloader_len
-        width = 20
-        if length:
+        ts, length, duration = state.timestamp, state.dataloader_len, state.max_duration
+        if duration is not None and duration.unit is not TimeUnit.EPOCH:
+            # The run ends on its budget (seconds, batches, tokens, ...), usually inside an
+            # epoch: the bar counts the budget, so it is full when the run ends.
+            done = min(state.elapsed_fraction(), 1.0)
+            where = f"[{_bar(done)}] {done:4.0%} of {_budget(duration)}, batch {ts.batch}"
+        elif length:
             done = min(ts.batch_in_epoch / length, 1.0)
-            bar = "#" * round(done * width) + "." * (width - round(done * width))
-            where = f"epoch {ts.epoch} [{bar}] {ts.batch_in_epoch}/{length}"
+            where = f"epoch {ts.epoch} [{_bar(done)}] {ts.batch_in_epoch}/{length}"
         else:
             where = f"epoch {ts.epoch} batch {ts.batch_in_epoch}"
         return f"{where} {self._eta(state, now)} {self._format('loss/train')}"
@@ -131,3 +135,15 @@ class ProgressBar(ProgressLines, config=ProgressBarConfig):
             self._out.write("\n")
             self._out.flush()
             self._drawn = False
+
+
+def _bar(done: float, width: int = 20) -> str:
+    filled = round(done * width)
+    return "#" * filled + "." * (width - filled)
+
+
+def _budget(duration: Time) -> str:
+    """``max_duration`` as a reader says it: ``230 s``, ``500ba``, ``0.5dur``."""
+    if duration.unit is TimeUnit.SECOND:
+        return f"{duration.value:g} s"
+    return str(duration)

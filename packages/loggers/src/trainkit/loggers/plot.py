@@ -107,8 +107,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trainkit plot: {err}", file=sys.stderr)
         return 1
     for path in written:
-        print(path)
+        print(f"plot of {path.stem}: {_openable(path)}")
     return 0
+
+
+def _openable(path: Path) -> Path:
+    """``path`` as the user can open it from here: relative to the working directory when
+    it is below it (``runs/default/loss.png``), else absolute."""
+    absolute = path.resolve()
+    try:
+        return absolute.relative_to(Path.cwd())
+    except ValueError:
+        return absolute
 
 
 if __name__ == "__main__":

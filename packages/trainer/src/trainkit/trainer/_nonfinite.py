@@ -11,9 +11,10 @@ of ``fit``).
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
+
+from trainkit.core.messages import warn
 
 __all__ = ["NONFINITE_MODES", "LossWatch", "NonFiniteLossError", "check_nonfinite_mode"]
 
@@ -112,9 +113,8 @@ class LossWatch:
 
 
 def warn_nonfinite(batch: int, value: float) -> None:
-    warnings.warn(
+    warn(
         f"the training loss of batch {batch} (counted from 1) is {value}; training goes on "
         "because on_nonfinite_loss='warn' (this warning is given once per fit)",
         RuntimeWarning,
-        stacklevel=3,
     )

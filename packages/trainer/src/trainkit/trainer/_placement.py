@@ -4,12 +4,12 @@ the parallel strategy a run trains with when none is given."""
 from __future__ import annotations
 
 import logging
-import warnings
 
 import torch
 from torch import nn
 
 from trainkit.core import Device, ParallelStrategy, SingleProcess, dist, plugins
+from trainkit.core.messages import warn
 from trainkit.core.precision import check_device
 
 __all__ = ["distributed_by_user", "join_process_group", "resolve_parallelism"]
@@ -54,12 +54,11 @@ def resolve_parallelism(given: ParallelStrategy | None, model: nn.Module) -> Par
             )
         return plugins.load("trainkit.parallel", "ddp")()
     if type(given) is SingleProcess:
-        warnings.warn(
+        warn(
             f"parallelism=SingleProcess() with {world_size} ranks: each rank trains its own "
             "replica, gradients are not averaged and the ranks' weights will differ. Leave "
             "parallelism unset for data parallelism (DDP) if you want one model",
             RuntimeWarning,
-            stacklevel=3,
         )
     return given
 

@@ -54,6 +54,7 @@ from trainkit.trainer._loop import (
 )
 from trainkit.trainer._placement import join_process_group, resolve_parallelism
 from trainkit.trainer._preemption import check_preemption_signals
+from trainkit.trainer._resume import finish_complete_run, report_complete, report_resume
 from trainkit.trainer._retry import train_batch
 from trainkit.trainer._step import optimizer_step
 from trainkit.trainer._trainer_config import TrainerConfig, check_max_duration
@@ -141,6 +142,7 @@ class Trainer(Configurable, config=TrainerConfig):
             compile=config.compile,
         )
         self.logger.log_hyperparameters(self.hyperparameters())  # destinations started at INIT
+        report_resume(state)
         log.info(
             "run %s: %d rank(s), device %s, precision %s, %s, %d algorithm(s), %d callback(s)",
             state.run_name,
@@ -225,13 +227,10 @@ class Trainer(Configurable, config=TrainerConfig):
         # distinct data streams there are.
         state.clear_stop()
         state.model.train()
-        log.info(
-            "fit from epoch %d batch %d until %s",
-            state.timestamp.epoch,
-            state.timestamp.batch,
-            state.max_duration,
-        )
-        guard = self._guard
+        log.info("fit from batch %d until %s", state.timestamp.batch, state.max_duration)
+        guard, complete = self._guard, state.is_done()
+        if complete:
+            report_complete(state)
         with guard.running(state, self.engine):  # preemption, non-finite loss, FIT_ABORTED
             self.engine.run_event(Event.FIT_START)
             self.engine.run_event(Event.ITERATION_START)
@@ -243,6 +242,8 @@ class Trainer(Configurable, config=TrainerConfig):
                 finally:
                     state.wall_mark = None
             guard.finish(state)
+            if complete:
+                self.last_eval = finish_complete_run(state, self.engine, self.last_eval)
             if state.is_done():
                 self.engine.run_event(Event.ITERATION_END)
                 self.engine.run_event(Event.ITERATION_CHECKPOINT)

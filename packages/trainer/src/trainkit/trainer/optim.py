@@ -21,12 +21,12 @@ Reference: Loshchilov & Hutter, *Decoupled Weight Decay Regularization* (2019).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+from trainkit.core.messages import warn
 from trainkit.core.plugins import name_hints
 
 __all__ = ["DecoupledAdamW", "DecoupledSGDW"]
@@ -87,13 +87,12 @@ class _DecoupledDecay:
         group.setdefault("initial_lr", group["lr"])
         decay = group["weight_decay"]
         if decay >= _LARGE_DECAY:
-            warnings.warn(
+            warn(
                 f"{type(self).__name__}: weight_decay={decay} is decoupled from the learning "
                 f"rate, so the weights are multiplied by {1.0 - decay} on every step at the "
                 "initial learning rate; values tuned for torch.optim's coupled decay (1e-2) "
                 "are usually far too large here (Composer's default for DecoupledAdamW is 1e-5)",
                 UserWarning,
-                stacklevel=3,
             )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
