@@ -285,6 +285,7 @@ def _bert():
 
 # Model surgery (every method that declares Event.INIT), with a model it changes.
 SURGERY = {
+    "activation_checkpointing": (_bert, {"modules": [nn.LayerNorm]}),
     "alibi": (_gpt2, {"max_sequence_length": 32}),
     "blurpool": (_cnn, {}),
     "channels_last": (_cnn, {}),

@@ -99,7 +99,7 @@ def test_paths_are_accepted_and_stored_as_text(tmp_path):
 
 
 def test_unknown_options_and_a_wrong_positional_folder_are_refused(tmp_path):
-    with pytest.raises(TypeError, match=r"has no field 'intervall'; its fields: folder, interval"):
+    with pytest.raises(TypeError, match=r"has no field 'intervall'; did you mean 'interval'\?"):
         Checkpointer(folder=tmp_path, intervall="1ep")
     assert Checkpointer(tmp_path).config.folder == str(tmp_path)  # the primary field
     with pytest.raises(TypeError, match=r"Checkpointer\(folder=3\), given by position: folder"):

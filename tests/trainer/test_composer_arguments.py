@@ -277,5 +277,8 @@ def test_a_composer_argument_says_what_to_use_instead(name):
 
 
 def test_an_unknown_argument_without_a_hint_lists_the_fields():
-    with pytest.raises(TypeError, match=r"no field 'device_eval_batch_size'; its fields: model,"):
+    with pytest.raises(
+        TypeError,
+        match=r"no field 'device_eval_batch_size'; did you mean 'device_eval_microbatch_size'\?",
+    ):
         make_trainer(device_eval_batch_size=2)

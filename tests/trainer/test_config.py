@@ -55,7 +55,8 @@ def test_keywords_override_fields_of_a_given_config():
 
 def test_an_unknown_option_names_the_fields():
     with pytest.raises(
-        TypeError, match=r"ScaleConfig has no field 'facter'; its fields: factor, every"
+        TypeError,
+        match=r"ScaleConfig has no field 'facter'; did you mean 'factor'\? Its fields: factor, every",
     ):
         Scale(facter=3.0)
 
@@ -149,8 +150,14 @@ def test_the_trainer_takes_its_config_or_keywords():
         model=model, train_dataloader=data, max_duration="1ba", progress_bar=False
     )
     assert Trainer(config).config == config
-    with pytest.raises(TypeError, match=r"TrainerConfig has no field 'max_duratoin'"):
+    with pytest.raises(TypeError, match=r"TrainerConfig has no field 'max_duratoin'") as err:
         Trainer(model=model, max_duratoin="1ep")
+    # One line: the suggestion, not the ~45 fields (a name with nothing close lists them).
+    assert str(err.value) == (
+        "TrainerConfig has no field 'max_duratoin'; did you mean 'max_duration'?"
+    )
+    with pytest.raises(TypeError, match=r"no field 'zzz'; its fields: model, train_dataloader"):
+        Trainer(model=model, zzz=1)
 
 
 def test_every_trainer_field_is_logged_as_a_hyperparameter():

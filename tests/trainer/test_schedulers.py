@@ -315,7 +315,10 @@ def test_config_validation_runs_without_the_schedule():
 
 
 def test_unknown_option_and_positional_values_are_type_errors():
-    with pytest.raises(TypeError, match=r"has no field 'warmup'; its fields: t_warmup, alpha_f"):
+    with pytest.raises(
+        TypeError,
+        match=r"has no field 'warmup'; did you mean 't_warmup'\? Its fields: t_warmup, alpha_f",
+    ):
         LinearWithWarmupScheduler(warmup="0.1dur")
     assert ExponentialScheduler(0.9).config.gamma == 0.9  # the primary field, as Composer
     with pytest.raises(ValueError, match=r"ExponentialScheduler\(gamma='0.9'\), given by position"):

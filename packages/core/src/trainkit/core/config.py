@@ -172,9 +172,14 @@ def _check_names(config_class: type, options: Mapping[str, Any]) -> None:
         hints = "".join(
             f"; {k}: {h}" for k in unknown if (h := unknown_field_hint(config_class, k))
         )
+        # A hint, else the closest name, first; a long list of fields only without either.
+        close = "" if hints else did_you_mean(unknown[0], names)
+        fields = ", ".join(names) or "none"
+        found = bool(hints or close) and len(names) > 12
+        listed = "" if found else f"{' Its' if close else '; its'} fields: {fields}"
         raise TypeError(
-            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}{hints}; its "
-            f"fields: {', '.join(names) or 'none'}{did_you_mean(unknown[0], names)}"
+            f"{config_class.__name__} has no field {', '.join(map(repr, unknown))}{close}{hints}"
+            f"{listed}"
         )
 
 
