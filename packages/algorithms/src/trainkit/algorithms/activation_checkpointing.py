@@ -32,6 +32,7 @@ from torch import nn
 from trainkit.algorithms._passes import ComposableAlgorithm
 from trainkit.core import Event, Logger, State, repeated_blocks
 from trainkit.core.config import primary
+from trainkit.core.messages import warn
 
 __all__ = [
     "ActivationCheckpointing",
@@ -88,16 +89,13 @@ def apply_activation_checkpointing(
     mode: str = "full",
     modules: Sequence[type[nn.Module]] | Callable[[nn.Module], bool] | str = "auto",
 ) -> int:
-    """Apply ``mode`` to ``model``'s chosen modules in place; returns how many.
-
-    Raises:
-        ValueError: nothing to apply it to (no repeated blocks, or no module chosen).
-    """
+    """Apply ``mode`` to ``model``'s chosen modules in place; returns how many (a model
+    without any is warned about: the run goes on without checkpointing)."""
     ActivationCheckpointingConfig(mode=mode, modules=modules)  # checks both
     chosen = _choose(model, modules)
     if not chosen:
-        raise ValueError(
-            f"activation checkpointing found no module to apply to in {type(model).__name__}"
+        warn(
+            f"activation_checkpointing matched no module in {type(model).__name__}"
             + (
                 " (no ModuleList of repeated blocks): give module classes or a callable "
                 "module -> bool as modules"

@@ -137,7 +137,7 @@ class Checkpointer(Callback, config=CheckpointerConfig):
                 # About to read the folder: refuse now if a live run holds it (otherwise the
                 # refusal comes at fit, without a request to the storage before).
                 on_rank0(lambda: self._refuse_if_held(state))
-            if not config.overwrite:
+            if reads and not config.overwrite:  # before reading; otherwise at fit, as below
                 self._refuse_other_model(state)
         if config.autoresume and config.save_weights_only:
             # Checked here rather than in the config, which takes each field on its own.
@@ -271,6 +271,8 @@ class Checkpointer(Callback, config=CheckpointerConfig):
             on_rank0(lambda: self._refuse_if_held(state))  # another run's folder: say so first
         if saves and not config.overwrite and not self._checked_existing:
             self._storage_for(state)
+            if not (config.autoresume or config.load_path == LATEST):  # not yet checked
+                self._refuse_other_model(state)
             on_rank0(lambda: self._refuse_future_collisions(state))  # before touching it
         self._checked_existing = True
         if saves:
