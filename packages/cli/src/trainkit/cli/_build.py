@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from trainkit.cli._config import (
@@ -35,8 +36,9 @@ class Run:
     """The checkpointer (also among ``config.callbacks``), or None."""
 
 
-def build_run(config: RunConfig) -> Run:
-    """Build every component of ``config`` (the model first) and the `TrainerConfig`."""
+def build_run(config: RunConfig, meta_model: bool = False) -> Run:
+    """Build every component of ``config`` (the model first) and the `TrainerConfig`; with
+    ``meta_model`` the model on the meta device (nothing allocated: `trainkit plan`)."""
     filled: dict[str, Any] = {}
     for section in sections():
         value = config.components[section.key]
@@ -50,6 +52,9 @@ def build_run(config: RunConfig) -> Run:
             leading = (list(filled[MODEL].parameters()),)
         if isinstance(value, list):
             filled[section.fills[0]] = [_build(c, *leading) for c in value]
+        elif section.fills[0] == MODEL and meta_model:
+            with torch.device("meta"):
+                filled[MODEL] = _build(value)
         else:
             filled[section.fills[0]] = _build(value, *leading)
         if section.fills[0] == MODEL:

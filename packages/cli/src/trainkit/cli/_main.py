@@ -12,7 +12,7 @@ __all__ = ["main"]
 
 
 def _parser(contributed: list[str]) -> argparse.ArgumentParser:
-    from trainkit.cli import _launch, _train
+    from trainkit.cli import _launch, _memory, _train
 
     parser = argparse.ArgumentParser(
         prog="trainkit",
@@ -24,6 +24,7 @@ def _parser(contributed: list[str]) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _train.add_parser(subparsers)
     _launch.add_parser(subparsers)
+    _memory.add_parser(subparsers)
     plugins_parser = subparsers.add_parser(
         "plugins", help="list installed trainkit entry points by group"
     )
@@ -47,7 +48,7 @@ def _list_plugins(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trainkit`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    builtin = {"train", "launch", "plugins"}
+    builtin = {"train", "launch", "plan", "plugins"}
     contributed = [n for n in plugins.available("trainkit.commands") if n not in builtin]
     if argv and argv[0] in contributed:
         return int(plugins.load("trainkit.commands", argv[0])(argv[1:]) or 0)
