@@ -47,6 +47,7 @@ _SCHEDULES = (
     "PolynomialScheduler",
     "PolynomialWithWarmupScheduler",
     "StepScheduler",
+    "WarmupStableDecayScheduler",
 )
 __getattr__ = name_hints(
     __name__,
