@@ -201,3 +201,26 @@ def test_a_muon_group_of_vectors_is_refused():
         optimizer.add_param_group(
             {"params": [torch.zeros(3, requires_grad=True)], "use_muon": True}
         )
+
+
+def test_distributed_checkpoint_state_dict_round_trip_keeps_groups_and_state():
+    # trainkit-checkpoint saves optimizers through these functions (parameters by name).
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    straight = TinyLM()
+    optimizer = MuonWithAdamW(straight, lr=0.05, adamw_lr=1e-2)
+    train(straight, optimizer, range(2))
+    model_state, optim_state = copy.deepcopy(get_state_dict(straight, optimizer))
+    assert [g["use_muon"] for g in optim_state["param_groups"]] == [False, True]
+
+    resumed = TinyLM(vocab=17)
+    with torch.no_grad():
+        resumed.lm_head.weight.zero_()  # differs from the saved model until loaded
+    optimizer_resumed = MuonWithAdamW(resumed, lr=0.05, adamw_lr=1e-2)
+    set_state_dict(
+        resumed, optimizer_resumed, model_state_dict=model_state, optim_state_dict=optim_state
+    )
+    train(straight, optimizer, range(2, 4))
+    train(resumed, optimizer_resumed, range(2, 4))
+    for (name, a), b in zip(straight.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b), name
