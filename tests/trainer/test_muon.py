@@ -137,7 +137,8 @@ def test_rebinding_to_replaced_parameters_keeps_training_them():
 
 
 def test_split_on_hf_gpt2_and_llama():
-    transformers = pytest.importorskip("transformers")
+    import transformers  # in the trainer package's test dependencies
+
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2)
     )
