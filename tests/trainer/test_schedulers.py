@@ -274,11 +274,12 @@ ENTRY_POINTS = {
     "multistep_with_warmup": "MultiStepWithWarmupScheduler",
     "polynomial_with_warmup": "PolynomialWithWarmupScheduler",
     "cosine_warm_restarts": "CosineAnnealingWarmRestartsScheduler",
+    "wsd": "WarmupStableDecayScheduler",
 }
 
 
 def test_every_schedule_is_a_configurable_with_a_documented_config():
-    assert len(SCHEDULE_CLASSES) == 13
+    assert len(SCHEDULE_CLASSES) == 14
     for cls in SCHEDULE_CLASSES:
         assert issubclass(cls, Configurable)
         assert cls.config_class is getattr(schedulers, f"{cls.__name__}Config")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,16 +48,17 @@ def build_run(config: RunConfig, meta_model: bool = False) -> Run:
         if section.key == DATA:
             filled.update(_data(value, section.fills))
             continue
-        leading = ()
         if section.group == OPTIMIZER_GROUP:
-            leading = (list(filled[MODEL].parameters()),)
-        if isinstance(value, list):
-            filled[section.fills[0]] = [_build(c, *leading) for c in value]
+            model = filled[MODEL]
+            optimizers = [_build(c, _parameters(c, model)) for c in _listed(value)]
+            filled[section.fills[0]] = optimizers if isinstance(value, list) else optimizers[0]
+        elif isinstance(value, list):
+            filled[section.fills[0]] = [_build(c) for c in value]
         elif section.fills[0] == MODEL and meta_model:
             with torch.device("meta"):
                 filled[MODEL] = _build(value)
         else:
-            filled[section.fills[0]] = _build(value, *leading)
+            filled[section.fills[0]] = _build(value)
         if section.fills[0] == MODEL:
             _check_model(value, filled[MODEL])
     checkpointer = None
@@ -69,6 +71,23 @@ def build_run(config: RunConfig, meta_model: bool = False) -> Run:
     )
     _raise(problems)
     return Run(trainer_config, checkpointer)
+
+
+def _listed(value: Component | list[Component]) -> list[Component]:
+    return value if isinstance(value, list) else [value]
+
+
+def _parameters(component: Component, model: nn.Module) -> list[Any]:
+    """What an optimizer is built on: ``model.parameters()``, or ``model.named_parameters()``
+    for one whose first argument is named ``named_params`` (it tells parameters apart by
+    name, as ``muon`` does)."""
+    try:
+        first = next(iter(inspect.signature(component.target).parameters), None)
+    except (TypeError, ValueError):
+        first = None
+    if first == "named_params":
+        return list(model.named_parameters())
+    return list(model.parameters())
 
 
 def _check_model(component: Component, model: Any) -> None:

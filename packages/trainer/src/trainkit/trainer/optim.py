@@ -16,6 +16,11 @@ is bitwise identical to its torch counterpart. Both are registered in the
 ``trainkit.optimizers`` entry-point group under their class names, so a config file can
 name them (``optimizers: {name: DecoupledAdamW, lr: 0.001, weight_decay: 1e-5}``).
 
+`MuonWithAdamW` (``optimizers: {name: muon}``) runs ``torch.optim.Muon`` on the hidden
+weight matrices and ``torch.optim.AdamW`` on embeddings, heads, biases and gains, as one
+optimizer; it is built on ``model.named_parameters()`` (or the model), since the split needs
+each parameter's name.
+
 Reference: Loshchilov & Hutter, *Decoupled Weight Decay Regularization* (2019).
 """
 
@@ -28,8 +33,9 @@ import torch
 
 from trainkit.core.messages import warn
 from trainkit.core.plugins import name_hints
+from trainkit.trainer._muon import ADAMW_MODULES, MuonWithAdamW, split_for_muon
 
-__all__ = ["DecoupledAdamW", "DecoupledSGDW"]
+__all__ = ["ADAMW_MODULES", "DecoupledAdamW", "DecoupledSGDW", "MuonWithAdamW", "split_for_muon"]
 
 # Composer keeps its schedules in composer.optim; trainkit in trainkit.trainer.schedulers
 # (tests/integration/test_composer_names.py keeps this list equal to that module's).
@@ -47,6 +53,7 @@ _SCHEDULES = (
     "PolynomialScheduler",
     "PolynomialWithWarmupScheduler",
     "StepScheduler",
+    "WarmupStableDecayScheduler",
 )
 __getattr__ = name_hints(
     __name__,

@@ -20,7 +20,8 @@ a docstring per field), and keyword arguments build it::
 They are registered in the ``trainkit.schedulers`` entry-point group (``constant``,
 ``constant_with_warmup``, ``linear``, ``linear_with_warmup``, ``cosine``,
 ``cosine_with_warmup``, ``cosine_warm_restarts``, ``multistep``, ``multistep_with_warmup``,
-``exponential``, ``polynomial``, ``polynomial_with_warmup``, ``step``), which is how a config file names them.
+``exponential``, ``polynomial``, ``polynomial_with_warmup``, ``step``, ``wsd``), which is how
+a config file names them.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ from trainkit.trainer._warmup_schedules import (
     PolynomialWithWarmupScheduler,
     PolynomialWithWarmupSchedulerConfig,
 )
+from trainkit.trainer._wsd_schedule import (
+    WarmupStableDecayScheduler,
+    WarmupStableDecaySchedulerConfig,
+)
 
 if TYPE_CHECKING:
     from trainkit.core import State
@@ -88,6 +93,8 @@ __all__ = [
     "Scheduler",
     "StepScheduler",
     "StepSchedulerConfig",
+    "WarmupStableDecayScheduler",
+    "WarmupStableDecaySchedulerConfig",
 ]
 
 
