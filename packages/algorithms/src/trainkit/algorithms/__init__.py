@@ -152,12 +152,26 @@ if TYPE_CHECKING:  # the same names, for type checkers (a test keeps the two equ
         resized_size,
         resizing_scale,
     )
+    from trainkit.algorithms.qk_norm import (
+        HeadRMSNorm,
+        QKNorm,
+        QKNormConfig,
+        QKNormConv1D,
+        QKNormLinear,
+        apply_qk_norm,
+    )
     from trainkit.algorithms.randaugment import (
         RandAugment,
         RandAugmentConfig,
         RandAugmentTransform,
         randaugment_batch,
         randaugment_image,
+    )
+    from trainkit.algorithms.relu_squared import (
+        ReLUSquared,
+        ReLUSquaredConfig,
+        SquaredReLU,
+        apply_relu_squared,
     )
     from trainkit.algorithms.sam import (
         SAM,
@@ -294,6 +308,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "resized_size",
         "resizing_scale",
     ),
+    "qk_norm": (
+        "apply_qk_norm",
+        "HeadRMSNorm",
+        "QKNorm",
+        "QKNormConfig",
+        "QKNormConv1D",
+        "QKNormLinear",
+    ),
     "randaugment": (
         "RandAugment",
         "randaugment_batch",
@@ -301,6 +323,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "RandAugmentConfig",
         "RandAugmentTransform",
     ),
+    "relu_squared": ("apply_relu_squared", "ReLUSquared", "ReLUSquaredConfig", "SquaredReLU"),
     "sam": ("SAM", "sam_gradient", "SAMConfig"),
     "selective_backprop": (
         "per_sample_losses",
