@@ -297,6 +297,7 @@ SURGERY = {
     "low_precision_layernorm": (_cnn, {"dtype": "bfloat16"}),
     "qk_norm": (_gpt2, {}),
     "relu_squared": (_gpt2, {}),
+    "rotary": (_gpt2, {}),
     "squeeze_excite": (_cnn, {"min_channels": 16}),
     "stochastic_depth": (_cnn, {"target": nn.LayerNorm}),
     "weight_standardization": (_cnn, {}),

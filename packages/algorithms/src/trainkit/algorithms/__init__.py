@@ -173,6 +173,13 @@ if TYPE_CHECKING:  # the same names, for type checkers (a test keeps the two equ
         SquaredReLU,
         apply_relu_squared,
     )
+    from trainkit.algorithms.rotary import (
+        Rotary,
+        RotaryConfig,
+        RotaryGPT2Attention,
+        apply_rotary,
+        rotate,
+    )
     from trainkit.algorithms.sam import (
         SAM,
         SAMConfig,
@@ -324,6 +331,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "RandAugmentTransform",
     ),
     "relu_squared": ("apply_relu_squared", "ReLUSquared", "ReLUSquaredConfig", "SquaredReLU"),
+    "rotary": ("apply_rotary", "rotate", "Rotary", "RotaryConfig", "RotaryGPT2Attention"),
     "sam": ("SAM", "sam_gradient", "SAMConfig"),
     "selective_backprop": (
         "per_sample_losses",

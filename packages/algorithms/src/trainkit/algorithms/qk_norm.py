@@ -5,7 +5,7 @@ saturation at high learning rates). The projections producing the queries and ke
 replaced by modules that hold the same ``weight`` and ``bias``
 `Parameter` objects under the same names, and normalise their output per head:
 
-- Hugging Face GPT-2 (`GPT2Attention`, fused ``c_attn``): ``attn.c_attn`` becomes a
+- Hugging Face GPT-2 (`GPT2Attention` or rotary's `RotaryGPT2Attention`, fused ``c_attn``): ``attn.c_attn`` becomes a
   `QKNormConv1D` (the same computation as transformers' ``Conv1D``) with new gains ``attn.c_attn.q_norm.weight`` and
   ``attn.c_attn.k_norm.weight``; values pass unchanged. Cross-attention is left alone.
 - Llama-style attention (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` Linear layers and
@@ -100,12 +100,23 @@ class QKNormConv1D(nn.Module):
         return f"nf={self.nf}, nx={self.nx}"
 
 
-def _gpt2_attention_class() -> type[nn.Module] | None:
+def _conv1d_class() -> type[nn.Module] | None:
     try:
-        from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+        from transformers.pytorch_utils import Conv1D
     except ImportError:
         return None
-    return GPT2Attention
+    return Conv1D
+
+
+def _is_gpt2_self_attention(module: nn.Module, conv1d: type[nn.Module] | None) -> bool:
+    # GPT2Attention, and rotary's RotaryGPT2Attention (the same modules, another forward)
+    c_attn = getattr(module, "c_attn", None)
+    fused = (conv1d is not None and isinstance(c_attn, conv1d)) or isinstance(c_attn, QKNormConv1D)
+    return (
+        fused
+        and isinstance(getattr(module, "head_dim", None), int)
+        and (getattr(module, "is_cross_attention", None) is False)
+    )
 
 
 def _is_llama_style_attention(module: nn.Module) -> bool:
@@ -117,12 +128,10 @@ def _is_llama_style_attention(module: nn.Module) -> bool:
 
 def _plan(model: nn.Module, eps: float) -> dict[int, Any]:
     """``{id(projection): policy}`` for the query and key projections of every attention."""
-    gpt2_attention = _gpt2_attention_class()
+    conv1d = _conv1d_class()
     plan: dict[int, Any] = {}
     for name, module in model.named_modules():
-        if gpt2_attention is not None and isinstance(module, gpt2_attention):
-            if module.is_cross_attention:
-                continue
+        if _is_gpt2_self_attention(module, conv1d):
             projections = [module.c_attn]
             make = QKNormConv1D
         elif _is_llama_style_attention(module):
