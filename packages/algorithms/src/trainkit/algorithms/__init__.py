@@ -46,6 +46,12 @@ if TYPE_CHECKING:  # the same names, for type checkers (a test keeps the two equ
         augmix_batch,
         augmix_image,
     )
+    from trainkit.algorithms.batch_size_warmup import (
+        BatchSizeWarmup,
+        BatchSizeWarmupConfig,
+        set_batch_size,
+        warmup_batch_size,
+    )
     from trainkit.algorithms.blurpool import (
         BlurConv2d,
         BlurMaxPool2d,
@@ -251,6 +257,12 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "ZeroPositionEmbedding",
     ),
     "augmix": ("AugMix", "augmix_batch", "augmix_image", "AugMixConfig", "AugmentAndMixTransform"),
+    "batch_size_warmup": (
+        "BatchSizeWarmup",
+        "BatchSizeWarmupConfig",
+        "set_batch_size",
+        "warmup_batch_size",
+    ),
     "blurpool": (
         "apply_blurpool",
         "blur_2d",
