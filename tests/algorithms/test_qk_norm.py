@@ -12,11 +12,12 @@ transformers = pytest.importorskip("transformers")
 L, EMBED = 6, 16
 
 
-def gpt2():
+def gpt2(attn_implementation="sdpa"):
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         n_layer=2, n_head=2, n_embd=EMBED, vocab_size=32, n_positions=16, attn_pdrop=0.0
     )
+    config._attn_implementation = attn_implementation
     return transformers.GPT2LMHeadModel(config).eval()
 
 
@@ -62,8 +63,9 @@ def heads(x, n):
     return x.unflatten(-1, (n, -1)).transpose(1, 2)
 
 
-def test_gpt2_attention_equals_attention_of_normalised_queries_and_keys_by_hand():
-    model = gpt2()
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_gpt2_attention_equals_attention_of_normalised_queries_and_keys_by_hand(implementation):
+    model = gpt2(implementation)
     names_before = {n for n, _ in model.named_parameters()}
     weight = model.transformer.h[0].attn.c_attn.weight
     replaced = apply_qk_norm(model)
@@ -133,3 +135,17 @@ def test_refused_twice_or_on_models_it_cannot_apply_to():
         apply_qk_norm(nn.Sequential(nn.Linear(4, 4)))
     with pytest.raises(ValueError, match="eps must be positive, got 0"):
         QKNorm(eps=0)
+
+
+def test_a_model_that_already_normalises_queries_and_keys_is_refused():
+    config = transformers.Qwen3Config(
+        vocab_size=32,
+        hidden_size=EMBED,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    with pytest.raises(ValueError, match=r"self_attn \(Qwen3Attention\) already normalises"):
+        apply_qk_norm(transformers.Qwen3ForCausalLM(config))

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 L, EMBED, HEADS = 5, 16, 2
 
 
-def gpt2(**options):
+def gpt2(attn_implementation="sdpa", **options):
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         n_layer=2,
@@ -27,6 +27,7 @@ def gpt2(**options):
         embd_pdrop=0.0,
         **options,
     )
+    config._attn_implementation = attn_implementation
     return transformers.GPT2LMHeadModel(config).eval()
 
 
@@ -43,8 +44,9 @@ def rotated_by_hand(x, positions, base=10000.0):
     return out
 
 
-def test_attention_equals_attention_of_rotated_queries_and_keys_by_hand():
-    model = gpt2()
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_attention_equals_attention_of_rotated_queries_and_keys_by_hand(implementation):
+    model = gpt2(implementation)
     names = {n for n, _ in model.named_parameters()}
     replaced = apply_rotary(model, base=500.0)
     assert sorted(replaced) == [
