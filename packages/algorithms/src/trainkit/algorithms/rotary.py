@@ -69,6 +69,14 @@ class RotaryGPT2Attention(nn.Module):
         self.c_attn, self.c_proj = attention.c_attn, attention.c_proj
         self.attn_dropout, self.resid_dropout = attention.attn_dropout, attention.resid_dropout
         self.base = base
+        from transformers.cache_utils import EncoderDecoderCache
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
+
+        # looked up once here, not at every forward
+        self._encoder_decoder_cache = EncoderDecoderCache
+        self._attention_functions = ALL_ATTENTION_FUNCTIONS
+        self._eager = eager_attention_forward
 
     def forward(
         self,
@@ -78,14 +86,10 @@ class RotaryGPT2Attention(nn.Module):
         position_ids: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from transformers.cache_utils import EncoderDecoderCache
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
-
         for unused in ("encoder_hidden_states", "encoder_attention_mask", "output_attentions"):
             kwargs.pop(unused, None)  # cross-attention is GPT-2's separate `crossattention`
         cache = past_key_values
-        if isinstance(cache, EncoderDecoderCache):
+        if isinstance(cache, self._encoder_decoder_cache):
             cache = cache.self_attention_cache
         q, k, v = (
             t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
@@ -98,8 +102,8 @@ class RotaryGPT2Attention(nn.Module):
         q, k = rotate(q, positions, self.base), rotate(k, positions, self.base)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
+        interface = self._attention_functions.get_interface(
+            self.config._attn_implementation, self._eager
         )
         output, weights = interface(
             self,
