@@ -63,6 +63,9 @@ NO_TRAINER = {
 # Components whose Trainer needs another model than the small classifier, with the reason.
 MODEL_FOR = {
     "trainkit.algorithms:alibi": "it changes the attention of a GPT-2 or BERT model",
+    "trainkit.algorithms:qk_norm": "it changes the attention of a GPT-2 or Llama-style model",
+    "trainkit.algorithms:relu_squared": "it changes the MLP of a GPT-2 or Llama-style model",
+    "trainkit.algorithms:rotary": "it changes the attention of a GPT-2 model",
 }
 
 

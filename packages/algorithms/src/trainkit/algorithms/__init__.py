@@ -46,6 +46,12 @@ if TYPE_CHECKING:  # the same names, for type checkers (a test keeps the two equ
         augmix_batch,
         augmix_image,
     )
+    from trainkit.algorithms.batch_size_warmup import (
+        BatchSizeWarmup,
+        BatchSizeWarmupConfig,
+        set_batch_size,
+        warmup_batch_size,
+    )
     from trainkit.algorithms.blurpool import (
         BlurConv2d,
         BlurMaxPool2d,
@@ -152,12 +158,33 @@ if TYPE_CHECKING:  # the same names, for type checkers (a test keeps the two equ
         resized_size,
         resizing_scale,
     )
+    from trainkit.algorithms.qk_norm import (
+        HeadRMSNorm,
+        QKNorm,
+        QKNormConfig,
+        QKNormConv1D,
+        QKNormLinear,
+        apply_qk_norm,
+    )
     from trainkit.algorithms.randaugment import (
         RandAugment,
         RandAugmentConfig,
         RandAugmentTransform,
         randaugment_batch,
         randaugment_image,
+    )
+    from trainkit.algorithms.relu_squared import (
+        ReLUSquared,
+        ReLUSquaredConfig,
+        SquaredReLU,
+        apply_relu_squared,
+    )
+    from trainkit.algorithms.rotary import (
+        Rotary,
+        RotaryConfig,
+        RotaryGPT2Attention,
+        apply_rotary,
+        rotate,
     )
     from trainkit.algorithms.sam import (
         SAM,
@@ -230,6 +257,12 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "ZeroPositionEmbedding",
     ),
     "augmix": ("AugMix", "augmix_batch", "augmix_image", "AugMixConfig", "AugmentAndMixTransform"),
+    "batch_size_warmup": (
+        "BatchSizeWarmup",
+        "BatchSizeWarmupConfig",
+        "set_batch_size",
+        "warmup_batch_size",
+    ),
     "blurpool": (
         "apply_blurpool",
         "blur_2d",
@@ -294,6 +327,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "resized_size",
         "resizing_scale",
     ),
+    "qk_norm": (
+        "apply_qk_norm",
+        "HeadRMSNorm",
+        "QKNorm",
+        "QKNormConfig",
+        "QKNormConv1D",
+        "QKNormLinear",
+    ),
     "randaugment": (
         "RandAugment",
         "randaugment_batch",
@@ -301,6 +342,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "RandAugmentConfig",
         "RandAugmentTransform",
     ),
+    "relu_squared": ("apply_relu_squared", "ReLUSquared", "ReLUSquaredConfig", "SquaredReLU"),
+    "rotary": ("apply_rotary", "rotate", "Rotary", "RotaryConfig", "RotaryGPT2Attention"),
     "sam": ("SAM", "sam_gradient", "SAMConfig"),
     "selective_backprop": (
         "per_sample_losses",
