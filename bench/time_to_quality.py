@@ -3,7 +3,8 @@ held-out bits/byte the baseline ends at.
 
 The task is `trainkit train`'s default run (a byte-level GPT-2 on Python source, sized for
 the machine): the baseline is that run for ``--budget`` seconds of training; a variant is
-the same run with one method or recipe (`VARIANTS`). Every run evaluates the held-out bytes
+the same run with one method (`VARIANTS`) or a composition of them named with ``+``
+(``relu_squared+rotary``: each part's change applied in turn). Every run evaluates the held-out bytes
 at fixed wall-clock marks (every ``--budget / --marks`` seconds of training; evaluation
 time is not training time) and runs in a fresh process. Seeds go in rounds, and within a
 round the variants take turns in a rotated order, so a slow spell of a shared machine falls
@@ -17,6 +18,7 @@ variant never got there. A ratio >= 1 is a result, not a failure.
 
     uv run python bench/time_to_quality.py                          # 230 s, 3 seeds, all
     uv run python bench/time_to_quality.py --budget 60 --seeds 1 --variants baseline,ema
+    uv run python bench/time_to_quality.py --variants baseline,relu_squared+rotary+wsd
     uv run python bench/time_to_quality.py --json out.json && ... --report out.json
 """
 
@@ -79,6 +81,11 @@ VARIANTS: dict[str, tuple[tuple[str, ...], Patch]] = {
 }
 
 
+def parts(variant: str) -> list[str]:
+    """The methods a variant composes: ``"a+b"`` is ``a`` then ``b``."""
+    return [part.strip() for part in variant.split("+")]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=230.0, help="seconds of training per run")
@@ -94,9 +101,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(args.variants) - set(VARIANTS))
+    unknown = sorted({p for v in args.variants for p in parts(v)} - set(VARIANTS))
     if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+        parser.error(
+            f"unknown variants {unknown}; choose from {list(VARIANTS)}, or join them with '+'"
+        )
     if "baseline" not in args.variants:
         parser.error("the variants must include baseline: the target is its final bits/byte")
     if args.budget <= 0 or args.marks < 1 or args.seeds < 1:
@@ -129,7 +138,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         seed=int(seed),
         progress_bar=False,
     )
-    VARIANTS[variant][1](config)
+    for part in parts(variant):
+        VARIANTS[part][1](config)
     marks: list[tuple[float, float]] = []
 
     class Marks(Callback):
@@ -230,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.variants:
         missing = [
             need
-            for need in VARIANTS[variant][0]
+            for part in parts(variant)
+            for need in VARIANTS[part][0]
             if need.split(":")[1] not in plugins.available(need.split(":")[0])
         ]
         if missing:
