@@ -52,6 +52,20 @@ def _schedule(name: str, **fields: Any) -> Patch:
     return lambda config: config.__setitem__("schedulers", [{"name": name, **fields}])
 
 
+def _recipe(name: str) -> Patch:
+    """``recipe: name``, as ``trainkit train --recipe name`` gives it (the recipe's schedule,
+    if it sets one, in place of the default's)."""
+
+    def patch(config: dict[str, Any]) -> None:
+        from trainkit.cli._recipe import recipe_sections
+
+        config["recipe"] = name
+        if "schedulers" in recipe_sections(name):
+            config.pop("schedulers", None)
+
+    return patch
+
+
 # name -> (entry points it needs, as "group:name"; the change to the default run's config)
 VARIANTS: dict[str, tuple[tuple[str, ...], Patch]] = {
     "baseline": ((), lambda config: None),
@@ -78,6 +92,8 @@ VARIANTS: dict[str, tuple[tuple[str, ...], Patch]] = {
     # default, 3e-4, is for larger models than the embedded task's).
     "muon": (("trainkit.optimizers:muon",), _optimizer("muon", adamw_lr=2e-3)),
     "wsd": (("trainkit.schedulers:wsd",), _schedule("wsd", t_warmup="0.05dur")),
+    # The named recipe, from its registry entry (trainkit.algorithms.recipes).
+    "lm_fast": (("trainkit.recipes:lm_fast",), _recipe("lm_fast")),
 }
 
 
@@ -122,6 +138,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 
     from trainkit.cli._build import build_run
     from trainkit.cli._config import load_config
+    from trainkit.cli._default import HeldOutWindows, compressor_baselines, python_sources
     from trainkit.cli._plan import default_config, preset
     from trainkit.cli._trainer import trainer_class
     from trainkit.core import Callback
@@ -153,7 +170,13 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         trainer = trainer_class()(run.config)
         trainer.fit()
         trainer.close()
-    return {"variant": variant, "seed": int(seed), "marks": marks}
+    result: dict[str, Any] = {"variant": variant, "seed": int(seed), "marks": marks}
+    # The compressors on the same held-out bytes, for scale (milliseconds).
+    data = config["data"]
+    _, held_out, _ = python_sources(args.eval_bytes, data["max_bytes"], data["site_packages"])
+    scored = HeldOutWindows(held_out, data["seq_len"], max(1, data["seq_len"] // 2))
+    result["compressors"] = compressor_baselines(scored.scored_bytes())
+    return result
 
 
 def measure(variant: str, seed: int, argv: list[str]) -> dict[str, Any]:
@@ -219,6 +242,10 @@ def report(runs: list[dict[str, Any]], budget: float) -> None:
             f"{variant:20s} {ratio} {spread:>13s} {statistics.median(finals):16.4f} "
             f"{len(finals):6d}{missed}"
         )
+    compressors = next((r["compressors"] for r in runs if "compressors" in r), {})
+    if compressors:
+        shown = ", ".join(f"{name} {bits:.4f}" for name, bits in compressors.items())
+        print(f"on the same held-out bytes: {shown} bits/byte")
     for run in errors:
         print(f"{run['variant']} seed {run['seed']}: {run['error']}")
 

@@ -17,7 +17,7 @@ from trainkit.cli._config import (
     load_config,
     sections,
 )
-from trainkit.cli._plan import WarmupCosine, choose_plan, default_config
+from trainkit.cli._plan import WarmupCosine, choose_plan, default_config, default_recipe
 from trainkit.core import plugins
 from trainkit.core.config import Configurable, field_docs, settings, slot, slot_group, slots
 from trainkit.trainer import TrainerConfig
@@ -332,8 +332,8 @@ def test_print_config_documents_every_trainer_setting(capsys):
 
 
 def test_print_config_documents_component_fields(capsys):
-    out = printed(capsys)
-    docs = field_docs(WarmupCosine.config_class)  # the default's schedule
+    out = printed(capsys, "--recipe", "none")
+    docs = field_docs(WarmupCosine.config_class)  # the baseline's schedule
     for field in dataclasses.fields(WarmupCosine.config_class):
         assert comments_above(out, field.name, 4) == " ".join(docs[field.name].split())
     section_doc = field_docs(TrainerConfig)["schedulers"]
@@ -357,7 +357,7 @@ def test_printed_config_loads_back_to_the_same_config(tmp_path, capsys):
 
 def _default():
     has_generate = "generate" in plugins.available("trainkit.callbacks")
-    return default_config(choose_plan(), has_generate)
+    return default_config(choose_plan(), has_generate, default_recipe())
 
 
 # --- a component whose config has a slot: filled by a nested component -------------------------

@@ -12,6 +12,9 @@
 #                  (default 0: no profile), --pyprofile $PYPROFILE (default 0), --phases
 #                  when $PHASES is set; $VARIANTS may name its variants and changes
 #     default_run  `trainkit train` with its embedded defaults, in a fresh folder
+#     time_to_quality  bench/time_to_quality.py on the GPU preset (6 x 384, bf16, compile):
+#                  --budget $TTQ_BUDGET (default 100 s) --seeds $TTQ_SEEDS (default 1),
+#                  variants $TTQ_VARIANTS (default baseline,lm_fast), to OUT/ttq.json
 #     cpu_suite    the CPU suite on this machine (CUDA visible: tests/conftest.py hides it
 #                  from the CPU tests and their child processes)
 #     STEP&        runs STEP in the background, beside the steps after it
@@ -50,8 +53,9 @@ export PYTHONUNBUFFERED=1
 
 for step in "${steps[@]}"; do
   case ${step%&} in
-    gpu_tests | throughput | diagnose | default_run | cpu_suite | wait) ;;
-    *) echo "unknown step '$step': use gpu_tests, throughput, diagnose, default_run, cpu_suite" \
+    gpu_tests | throughput | diagnose | default_run | time_to_quality | cpu_suite | wait) ;;
+    *) echo "unknown step '$step': use gpu_tests, throughput, diagnose, default_run," \
+      "time_to_quality, cpu_suite" \
       "(each may end in &) or wait" >&2; exit 2 ;;
   esac
 done
@@ -82,7 +86,7 @@ run_step() {
   local name=$1 start rc limit_var limit
   limit_var=LIMIT_$name
   case $name in
-    gpu_tests | throughput | diagnose) limit=540 ;; *) limit=480 ;;
+    gpu_tests | throughput | diagnose | time_to_quality) limit=540 ;; *) limit=480 ;;
   esac
   limit=${!limit_var:-$limit}
   start=$(date +%s)
@@ -104,6 +108,9 @@ run_step() {
       ${PHASES:+--phases} ;;
     default_run) (cd "$(mktemp -d)" && timeout -k 15 "$limit" "$python" -m trainkit.cli train \
       && cp runs/default/sample.txt "$out/sample.txt") ;;
+    time_to_quality) timeout -k 15 "$limit" "$python" bench/time_to_quality.py \
+      --budget "${TTQ_BUDGET:-100}" --seeds "${TTQ_SEEDS:-1}" --json "$out/ttq.json" \
+      --variants "${TTQ_VARIANTS:-baseline,lm_fast}" ;;
     cpu_suite) timeout -k 15 "$limit" "$python" -m pytest -n "${WORKERS:-8}" -v \
       -p no:cacheprovider -rfE --basetemp "$(mktemp -d)/cpu_suite" tests ;;
   esac > "$out/$name.log" 2>&1

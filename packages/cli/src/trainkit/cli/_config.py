@@ -17,6 +17,10 @@ Sections (`sections` lists them, from `trainkit.trainer.TrainerConfig`):
   defaulting to ``<run_dir>/checkpoints`` and ``autoresume`` to true (re-running a config
   resumes it); ``null`` turns checkpointing off.
 
+``recipe: NAME`` merges a registered recipe's sections into the config first
+(`trainkit.cli._recipe`): its algorithms before the config's own, its schedule or optimizer
+where the config sets none.
+
 A metrics file (the ``file`` logger, writing to the run directory) is added to ``loggers``
 when it is installed and not configured.
 
@@ -41,6 +45,7 @@ from typing import Any
 from trainkit.cli._agree import check_across
 from trainkit.cli._component import OPTIMIZER_GROUP, Component, Slot, build_slot
 from trainkit.cli._overrides import apply_overrides
+from trainkit.cli._recipe import RECIPE, expand_recipe
 from trainkit.cli._resolve import choices, config_folder, resolve
 from trainkit.cli._schema import (
     MISSING,
@@ -244,6 +249,8 @@ def validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None) 
 
 def _validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None) -> RunConfig:
     problems: list[Problem] = []
+    notes: list[str] = []
+    raw = expand_recipe(raw, problems, notes)
     component_sections = sections()
     known = [TRAINER, *(s.key for s in component_sections), CHECKPOINT]
     for key in raw:
@@ -251,7 +258,7 @@ def _validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None)
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             problems.append(
-                Problem(str(key), f"unknown section{hint} Sections: {', '.join(known)}")
+                Problem(str(key), f"unknown section{hint} Sections: {', '.join([*known, RECIPE])}")
             )
 
     trainer = _trainer_settings(raw.get(TRAINER), problems)
@@ -266,7 +273,8 @@ def _validate(raw: Mapping[str, Any], source: Path | None, run_dir: Path | None)
     for section in component_sections:
         components[section.key] = _section(section, raw.get(section.key, MISSING), problems)
     added = _add_metrics_file(components, component_sections, run_dir, problems)
-    checkpoint, notes = _checkpoint(raw.get(CHECKPOINT, {}), run_dir, problems)
+    checkpoint, more = _checkpoint(raw.get(CHECKPOINT, {}), run_dir, problems)
+    notes += more
     from_run_dir |= {added.path} if added is not None else set()
     if checkpoint is not None and "folder" not in (raw.get(CHECKPOINT) or {}):
         from_run_dir.add(f"{CHECKPOINT}.folder")

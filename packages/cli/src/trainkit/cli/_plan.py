@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainkit.cli._recipe import GROUP as RECIPES
+from trainkit.cli._recipe import recipe_sections
+from trainkit.core import plugins
 from trainkit.core.config import Configurable
 
 if TYPE_CHECKING:
@@ -36,6 +39,8 @@ __all__ = [
 ]
 
 TOTAL_BUDGET_S = 300
+DEFAULT_RECIPE = "lm_fast"
+"""The recipe the embedded default trains with (measured: docs/recipes.md)."""
 PROMPT = "def "  # the sample continues it for the rest of the model's context
 """The whole run, start to exit, should fit in this (the printed budget is its training part)."""
 
@@ -238,10 +243,18 @@ def _parameters(n_layer: int, n_embd: int, n_positions: int) -> int:
     return n_layer * block + (256 + n_positions) * n_embd + 2 * n_embd
 
 
-def default_config(plan: Plan, generate: bool = True) -> dict[str, Any]:
+def default_recipe() -> str | None:
+    """The recipe the embedded default trains with: `DEFAULT_RECIPE` where installed
+    (trainkit-algorithms), else none."""
+    return DEFAULT_RECIPE if DEFAULT_RECIPE in plugins.available(RECIPES) else None
+
+
+def default_config(plan: Plan, generate: bool = True, recipe: str | None = None) -> dict[str, Any]:
     """The run's config (the sections of a ``trainkit train`` YAML file) for ``plan``.
 
     ``generate``: sample with trainkit-loggers' ``generate`` callback (when installed).
+    ``recipe``: train with this recipe (`trainkit.cli._recipe`); its schedule, if it sets
+    one, replaces the default warmup-cosine one. None: the baseline.
     """
     config: dict[str, Any] = {
         "model": {
@@ -281,6 +294,10 @@ def default_config(plan: Plan, generate: bool = True) -> dict[str, Any]:
             "compile": plan.compile,
         },
     }
+    if recipe is not None:
+        config["recipe"] = recipe
+        if "schedulers" in recipe_sections(recipe):
+            del config["schedulers"]
     if generate:
         config["callbacks"] = [
             {

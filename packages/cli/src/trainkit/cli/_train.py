@@ -25,7 +25,14 @@ import torch
 
 from trainkit.cli._build import build_run
 from trainkit.cli._config import load_config
-from trainkit.cli._plan import Plan, default_config, preset, share_cores
+from trainkit.cli._plan import (
+    DEFAULT_RECIPE,
+    Plan,
+    default_config,
+    default_recipe,
+    preset,
+    share_cores,
+)
 from trainkit.cli._trainer import trainer_class
 from trainkit.core import Callback, dist, plugins
 
@@ -51,6 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="override a config field, e.g. trainer.precision=amp_bf16 (repeatable)",
     )
     parser.add_argument(
+        "--recipe",
+        help="train with this recipe (a trainkit.recipes entry point), or 'none' for the "
+        f"baseline; the embedded default uses {DEFAULT_RECIPE!r} where it is installed",
+    )
+    parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     parser.set_defaults(handler=run)
@@ -61,10 +73,17 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.set) + (
         [f"trainer.max_duration={args.max_duration}"] if args.max_duration else []
     )
+    recipe = None if args.recipe in (None, "none") else args.recipe
+    if args.config is not None and args.recipe is not None:
+        overrides.append(f"recipe={recipe or 'null'}")
     plan = preset() if args.config is None else None
     base = None
     if plan is not None:
-        base = default_config(plan, "generate" in plugins.available("trainkit.callbacks"))
+        base = default_config(
+            plan,
+            "generate" in plugins.available("trainkit.callbacks"),
+            recipe=default_recipe() if args.recipe is None else recipe,
+        )
     config = load_config(args.config, overrides, base=base, run_dir=args.run_dir)
     if args.print_config:
         print(config.to_yaml(portable=True), end="")

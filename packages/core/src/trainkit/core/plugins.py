@@ -19,6 +19,7 @@ Groups (`GROUPS`):
   its ``config_class`` (trainkit-trainer registers its `Trainer` as ``trainkit``).
 - ``trainkit.storage``: checkpoint storage back ends, by URL scheme.
 - ``trainkit.commands``: ``trainkit`` subcommands, ``main(argv) -> int``.
+- ``trainkit.recipes``: named compositions of methods (``recipe: lm_fast`` in a config).
 
 Each of the component groups fills the `TrainerConfig` field of the same name (its slot)
 when a config file names an entry point. Third-party packages register in the same groups
@@ -62,6 +63,7 @@ GROUPS = (
     "trainkit.data",
     "trainkit.metrics",
     "trainkit.trainers",
+    "trainkit.recipes",
 )
 
 
