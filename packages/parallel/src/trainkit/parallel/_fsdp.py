@@ -173,10 +173,11 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         """
         tensor, context = self._tensor_degree(), self._context_degree()
         if world_size % (tensor * context):
+            degrees = f"tensor-parallel degree {tensor}"
+            if context > 1:
+                degrees = f"context-parallel degree {context} x {degrees} = {context * tensor}"
             raise ValueError(
-                f"context-parallel degree {context} x tensor-parallel degree {tensor} = "
-                f"{context * tensor} does not divide the world size {world_size}; "
-                f"{_fitting(world_size)}"
+                f"{degrees} does not divide the world size {world_size}; {_fitting(world_size)}"
             )
         data = world_size // (tensor * context)
         within = {"context": context, "tensor": tensor}
@@ -361,7 +362,7 @@ def _hybrid_dims(
 
 def _fitting(world_size: int) -> str:
     divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-    return f"their product must be one of {divisors}"
+    return f"it must be one of the world size's divisors {divisors}"
 
 
 def _sharding_mesh(mesh: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
