@@ -21,6 +21,7 @@ from parallel.helpers import (
     LENGTH,
     LossLog,
     PartlyLabelled,
+    PositionwiseLM,
     from_bytes,
     full_weights,
     make_trainer,
@@ -35,6 +36,8 @@ from trainkit.parallel import (
     ParallelDims,
     apply_context_parallel,
 )
+from trainkit.trainer import HuggingFaceModel
+from trainkit.trainer.metrics import CrossEntropy
 
 ORIGINAL_ATTENTION = F.scaled_dot_product_attention
 
@@ -269,6 +272,14 @@ def _refused(rank, world):
     with pytest.raises(ValueError) as caught:
         make_trainer(ContextParallel(degree=1), rank, world, model=positionwise_lm)
     messages["alone"] = str(caught.value)
+    with_metrics = ContextParallel()
+
+    def measured():
+        return HuggingFaceModel(PositionwiseLM(), metrics=[CrossEntropy()])
+
+    with pytest.raises(ValueError) as caught:
+        make_trainer(with_metrics, rank, world, context=2, model=measured)
+    messages["train metrics"] = str(caught.value)
     return messages
 
 
@@ -288,6 +299,9 @@ def test_input_context_parallel_cannot_split_is_refused():
     assert messages["attention restored"]  # a forward that raised closed the context
     assert messages["attention"].startswith("context parallel attention needs CUDA: torch ")
     assert "and this model called it on cpu" in messages["attention"]
+    assert messages["train metrics"].startswith(
+        "FSDP(context_parallel=...) cannot update training metrics ['CrossEntropy']"
+    )
     assert messages["alone"].startswith(
         "ContextParallel(degree=1) alone must span the world size 2"
     )

@@ -33,7 +33,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from trainkit.core import ParallelStrategy, Precision, State, dist
+from trainkit.core import ParallelStrategy, Precision, State, TrainModel, dist
 from trainkit.core.config import slot
 from trainkit.core.meta import materialize, on_meta
 from trainkit.parallel._common import (
@@ -205,6 +205,8 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
                 "FSDP(tensor_parallel=...) cannot take a model on the meta device yet; build "
                 "the model on a real device, or drop tensor_parallel"
             )
+        if self.config.context_parallel is not None:
+            _check_no_train_metrics(model)
         if self.config.sync_module_states and not meta:  # meta: every rank inits the same
             broadcast_module_states(model)
         if self.config.tensor_parallel is not None:
@@ -358,6 +360,18 @@ def _hybrid_dims(
             f"{replicate * shard}, but there are {where}"
         )
     return ParallelDims(replicate=replicate, shard=shard, **within).resolve(world_size)
+
+
+def _check_no_train_metrics(model: nn.Module) -> None:
+    # The Trainer updates training metrics with the model's outputs and the batch it
+    # loaded: under context parallel, this rank's part of the outputs beside whole sequences.
+    metrics = model.get_metrics(is_train=True) if isinstance(model, TrainModel) else {}
+    if metrics:
+        raise ValueError(
+            f"FSDP(context_parallel=...) cannot update training metrics {sorted(metrics)}: "
+            "each rank's outputs cover its part of the sequences only. Leave them out of "
+            "training (evaluation metrics run on whole sequences and work as usual)"
+        )
 
 
 def _fitting(world_size: int) -> str:
