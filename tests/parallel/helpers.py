@@ -149,7 +149,13 @@ class PositionwiseLM(nn.Module):
         self.head = nn.Linear(width, vocab)
 
     def forward(
-        self, input_ids, labels=None, position_ids=None, shift_labels=None, num_items_in_batch=None
+        self,
+        input_ids,
+        labels=None,
+        position_ids=None,
+        shift_labels=None,
+        num_items_in_batch=None,
+        **kwargs,  # other inputs (token_type_ids, ...), unused as in many transformers models
     ):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids)

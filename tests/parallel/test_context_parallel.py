@@ -133,6 +133,37 @@ def test_loss_and_gradients_equal_one_processs():
         assert result["gradients"] < 1e-6
 
 
+def _options(rank, world):
+    seen = {}
+    batch = {**_batch(), "token_type_ids": torch.arange(4 * LENGTH).view(4, LENGTH)}
+    for name, options in {
+        "default": {},
+        "keys": {"sequence_keys": ["labels"]},
+        "aligned": {"shift_labels": False},
+    }.items():
+        model = positionwise_lm()
+        apply_context_parallel(model, _context_mesh(world), **options)
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs, name=name: seen.update({name: args[0]}), with_kwargs=True
+        )
+        model(batch)["loss"].backward()
+    mine = seen["default"]["position_ids"][0]  # this rank's positions
+    return {
+        "token_type_ids split": torch.equal(seen["default"]["token_type_ids"][0], mine),
+        "token_type_ids whole": seen["keys"]["token_type_ids"].shape,
+        "aligned labels": torch.equal(seen["aligned"]["labels"], batch["labels"][:, mine]),
+        "aligned shift_labels": "shift_labels" in seen["aligned"],
+    }
+
+
+def test_options_choose_what_is_split_and_shifted():
+    for result in run_ranks(_options, 2):
+        assert result["token_type_ids split"]  # shaped like input_ids: split by default
+        assert result["token_type_ids whole"] == (4, LENGTH)  # not among sequence_keys
+        assert result["aligned labels"]  # shift_labels=False: split as they are
+        assert not result["aligned shift_labels"]
+
+
 def _fsdp_runs(rank, world):
     data = {"data": PartlyLabelled(), "model": positionwise_lm, "optimizer": "sgd"}
     runs = {}
