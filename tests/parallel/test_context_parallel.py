@@ -126,7 +126,7 @@ def test_sequences_split_in_load_balanced_order_and_gather_back():
     assert first["num_items_in_batch"] == second["num_items_in_batch"] == 42 / 2
 
 
-def test_loss_and_gradients_equal_one_processs():
+def test_loss_and_gradients_equal_one_process():
     for result in run_ranks(_split_and_gradients, 2):
         loss, expected = result["loss"]
         assert loss == pytest.approx(expected, abs=1e-6)  # the group's, on every rank
