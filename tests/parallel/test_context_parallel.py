@@ -171,6 +171,10 @@ def _fsdp_runs(rank, world):
     if world == 2:
         strategies["alone"] = ContextParallel()
         strategies["accumulate"] = FSDP(context_parallel=ContextParallel(degree=2))
+    else:  # 2 replicas, each sharded over its 2 context ranks (HSDP)
+        strategies["hybrid"] = FSDP(
+            sharding="hybrid", replicate_degree=2, context_parallel=ContextParallel(degree=2)
+        )
     for name, strategy in strategies.items():
         losses = LossLog()
         extra = {"device_train_microbatch_size": 2} if name == "accumulate" else {}
@@ -212,8 +216,10 @@ def test_fsdp_over_shard_and_context_trains_like_one_process(world):
             assert run["losses"] == pytest.approx(losses, abs=1e-5), name
             # Each sample and token once, though 2 ranks compute parts of each sequence.
             assert run["counted"] == (world // 2, samples, tokens), name
-            # Parameters sharded over shard x context, one flattened dim.
-            assert run["mesh"] == (("shard_context",), (world,)), name
+            # Parameters sharded over shard x context, one flattened dim (replicated
+            # across replicas under hybrid sharding).
+            expected = (("replicate", "shard_context"), (2, 2)) if name == "hybrid" else None
+            assert run["mesh"] == (expected or (("shard_context",), (world,))), name
     assert (samples, tokens) == (48, 48 * LENGTH)
     for name, run in runs[0].items():
         assert max_difference(from_bytes(run["weights"]), weights) < 1e-5, name
