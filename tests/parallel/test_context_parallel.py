@@ -34,6 +34,7 @@ from trainkit.parallel import (
     ContextParallel,
     ContextParallelConfig,
     ParallelDims,
+    TensorParallel,
     apply_context_parallel,
 )
 from trainkit.trainer import HuggingFaceModel
@@ -164,22 +165,45 @@ def test_options_choose_what_is_split_and_shifted():
         assert not result["aligned shift_labels"]
 
 
+LAYERS_TP_PLAN = {"model.layers.*.up": "colwise", "model.layers.*.down": "rowwise"}
+
+
+def _strategies(world):
+    """name -> (strategy, tensor-parallel degree, the weights' mesh); context degree 2."""
+    context = ContextParallel(degree=2)
+    flat = (("shard_context",), (world,))  # shard x context, one flattened dim
+    if world == 2:
+        return {
+            "fsdp": (FSDP(context_parallel=context), 1, flat),
+            "alone": (ContextParallel(), 1, flat),
+            "accumulate": (FSDP(context_parallel=context), 1, flat),
+        }
+    tensor = TensorParallel(plan=LAYERS_TP_PLAN, degree=2)
+    return {
+        "fsdp": (FSDP(context_parallel=context), 1, flat),
+        # 2 replicas, each sharded over its 2 context ranks (HSDP).
+        "hybrid": (
+            FSDP(sharding="hybrid", replicate_degree=2, context_parallel=context),
+            1,
+            (("replicate", "shard_context"), (2, 2)),
+        ),
+        # context 2 x tensor 2: every rank reads the one batch.
+        "tensor": (
+            FSDP(context_parallel=context, tensor_parallel=tensor),
+            2,
+            (("shard_context", "tensor"), (2, 2)),
+        ),
+    }
+
+
 def _fsdp_runs(rank, world):
     data = {"data": PartlyLabelled(), "model": positionwise_lm, "optimizer": "sgd"}
     runs = {}
-    strategies = {"fsdp": FSDP(context_parallel=ContextParallel(degree=2))}
-    if world == 2:
-        strategies["alone"] = ContextParallel()
-        strategies["accumulate"] = FSDP(context_parallel=ContextParallel(degree=2))
-    else:  # 2 replicas, each sharded over its 2 context ranks (HSDP)
-        strategies["hybrid"] = FSDP(
-            sharding="hybrid", replicate_degree=2, context_parallel=ContextParallel(degree=2)
-        )
-    for name, strategy in strategies.items():
+    for name, (strategy, tensor, _) in _strategies(world).items():
         losses = LossLog()
         extra = {"device_train_microbatch_size": 2} if name == "accumulate" else {}
         trainer = make_trainer(
-            strategy, rank, world, context=2, callbacks=[losses], **data, **extra
+            strategy, rank, world, context=2, tensor=tensor, callbacks=[losses], **data, **extra
         )
         trainer.fit()
         weight = trainer.state.model.model.layers[0].up.weight
@@ -211,15 +235,14 @@ def _reference():
 def test_fsdp_over_shard_and_context_trains_like_one_process(world):
     weights, losses, (samples, tokens) = _reference()
     runs = run_ranks(_fsdp_runs, world)
+    expected = _strategies(world)
     for rank_runs in runs:
         for name, run in rank_runs.items():
+            _, tensor, mesh = expected[name]
             assert run["losses"] == pytest.approx(losses, abs=1e-5), name
             # Each sample and token once, though 2 ranks compute parts of each sequence.
-            assert run["counted"] == (world // 2, samples, tokens), name
-            # Parameters sharded over shard x context, one flattened dim (replicated
-            # across replicas under hybrid sharding).
-            expected = (("replicate", "shard_context"), (2, 2)) if name == "hybrid" else None
-            assert run["mesh"] == (expected or (("shard_context",), (world,))), name
+            assert run["counted"] == (world // (2 * tensor), samples, tokens), name
+            assert run["mesh"] == mesh, name
     assert (samples, tokens) == (48, 48 * LENGTH)
     for name, run in runs[0].items():
         assert max_difference(from_bytes(run["weights"]), weights) < 1e-5, name
