@@ -55,6 +55,7 @@ NOT_FROM_YAML: dict[str, str] = {}
 # Components checked through `to_plain` (what `Trainer.hyperparameters` logs for them)
 # instead of in a built Trainer, with the reason.
 NO_TRAINER = {
+    "trainkit.parallel:context_parallel": "preparing a strategy needs a process group",
     "trainkit.parallel:ddp": "preparing a strategy needs a process group",
     "trainkit.parallel:fsdp": "preparing a strategy needs a process group",
     "trainkit.parallel:tensor_parallel": "preparing a strategy needs a process group",

@@ -129,6 +129,70 @@ class UnlabelledOdd(Tokens):
         return {"input_ids": self.ids[index], "labels": labels}
 
 
+LENGTH = 16
+"""Sequence length of `PositionwiseLM` and `PartlyLabelled`."""
+
+
+class PositionwiseLM(nn.Module):
+    """A causal LM without attention, with transformers' forward signature and loss
+    (``shift_labels``, ``num_items_in_batch``): position t's logits depend on token t and
+    position t only, so context parallel on CPU (where ring attention cannot run) changes
+    nothing but where each position is computed."""
+
+    def __init__(self, vocab: int = 64, width: int = 16, depth: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, width)
+        self.position = nn.Embedding(LENGTH, width)
+        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, vocab)
+
+    def forward(
+        self,
+        input_ids,
+        labels=None,
+        position_ids=None,
+        shift_labels=None,
+        num_items_in_batch=None,
+        **kwargs,  # other inputs (token_type_ids, ...), unused as in many transformers models
+    ):
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        hidden = self.embed(input_ids) + self.position(position_ids)
+        for layer in self.layers:
+            hidden = layer(hidden)
+        logits = self.head(hidden)
+        loss = None
+        if labels is not None:  # transformers' ForCausalLMLoss
+            if shift_labels is None:
+                shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)
+            loss = F.cross_entropy(
+                logits.flatten(0, 1), shift_labels.flatten(), ignore_index=-100, reduction="sum"
+            )
+            loss = loss / (num_items_in_batch or (shift_labels != -100).sum())
+        return {"loss": loss, "logits": logits}
+
+
+def positionwise_lm() -> HuggingFaceModel:
+    """`PositionwiseLM` as the Trainer's model."""
+    return HuggingFaceModel(PositionwiseLM(), shift_labels=True)
+
+
+class PartlyLabelled(Tokens):
+    """Sequences of 16 tokens; the odd ones have no label on their first 10 positions, so
+    the ranks of a context group hold different numbers of label tokens."""
+
+    def __init__(self) -> None:
+        super().__init__(samples=48, length=LENGTH)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        labels = self.ids[index].clone()
+        if index % 2:
+            labels[:10] = -100
+        return {"input_ids": self.ids[index], "labels": labels}
+
+
 def import_transformers() -> None:
     """Import the transformers models here, before forking, so no rank imports them again."""
     from transformers import BertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM  # noqa: F401
@@ -182,13 +246,14 @@ def make_trainer(
     *,
     model: Callable[[], nn.Module] = Blocks,
     tensor: int = 1,
+    context: int = 1,
     batches: int = 3,
     optimizer: str = "adamw",
     data: Dataset | None = None,
     **kwargs: Any,
 ) -> Trainer:
-    """A Trainer on this rank's share of the data (``tensor`` ranks share each slice;
-    default data: `Tokens` for language models, else blobs)."""
+    """A Trainer on this rank's share of the data (``context * tensor`` neighbouring ranks
+    share each slice; default data: `Tokens` for language models, else blobs)."""
     network = model()
     if data is None:
         data = Tokens() if isinstance(network, HuggingFaceModel) else blobs(64, seed=1)
@@ -198,7 +263,7 @@ def make_trainer(
         built = torch.optim.SGD(network.parameters(), lr=0.05, momentum=0.9)
     return Trainer(
         model=network,
-        train_dataloader=loader(data, rank // tensor, world // tensor),
+        train_dataloader=loader(data, rank // (context * tensor), world // (context * tensor)),
         max_duration=f"{batches}ba",
         optimizers=built,
         parallelism=strategy,

@@ -41,7 +41,7 @@ def _required(config_class):
 
 
 def test_the_package_registers_its_strategies():
-    assert NAMES == ["ddp", "fsdp", "tensor_parallel"]
+    assert NAMES == ["context_parallel", "ddp", "fsdp", "tensor_parallel"]
 
 
 @pytest.mark.parametrize(("name", "cls"), STRATEGIES, ids=NAMES)
@@ -89,8 +89,9 @@ def test_unknown_options_and_positional_values_are_refused(name, cls):
 
 
 def test_data_parallel_size_without_a_process_group():
-    from trainkit.parallel import DDP, FSDP, TensorParallel
+    from trainkit.parallel import DDP, FSDP, ContextParallel, TensorParallel
 
     # One process, no group: every strategy reads one stream of data.
     assert DDP().data_parallel_size == FSDP().data_parallel_size == 1
+    assert ContextParallel().data_parallel_size == 1
     assert TensorParallel(plan=REQUIRED["plan"]).data_parallel_size == 1

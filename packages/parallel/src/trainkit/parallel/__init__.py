@@ -1,4 +1,4 @@
-"""trainkit.parallel: DDP, FSDP2, tensor parallel and their combination on a DeviceMesh.
+"""trainkit.parallel: DDP, FSDP2, tensor and context parallel, combined on a DeviceMesh.
 
 Start the process group first with `trainkit.core.dist.init_distributed`.
 """
@@ -11,6 +11,11 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from trainkit.parallel._context_parallel import (
+    ContextParallel,
+    ContextParallelConfig,
+    apply_context_parallel,
+)
 from trainkit.parallel._ddp import DDP, DDPConfig
 from trainkit.parallel._fsdp import FSDP, FSDPConfig, mixed_precision_policy
 from trainkit.parallel._mesh import MESH_DIMS, ParallelDims
@@ -34,6 +39,8 @@ __all__ = [
     "FSDP",
     "MESH_DIMS",
     "ColwiseParallel",
+    "ContextParallel",
+    "ContextParallelConfig",
     "DDPConfig",
     "FSDPConfig",
     "FusedColwiseParallel",
@@ -48,6 +55,7 @@ __all__ = [
     "ShardedAttributes",
     "TensorParallel",
     "TensorParallelConfig",
+    "apply_context_parallel",
     "apply_tensor_parallel",
     "expand_plan",
     "gpt2_plan",

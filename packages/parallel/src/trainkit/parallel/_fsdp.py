@@ -5,7 +5,9 @@
 1. tensor parallel (``tensor_parallel``) on the mesh's ``"tensor"`` dim,
 2. activation checkpointing (``activation_checkpointing``),
 3. ``torch.compile`` of each block (``compile``),
-4. ``fully_shard`` of each block, then of the whole model, on the data-parallel dims.
+4. ``fully_shard`` of each block, then of the whole model, on the data-parallel dims (and
+   the ``"context"`` dim: context-parallel ranks shard parameters too),
+5. context parallel (``context_parallel``): training batches split along the sequence.
 
 A model built on the meta device is allocated and initialised one block at a time, each
 block just before it is sharded (`trainkit.core.meta.materialize`): no rank ever holds
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -30,7 +33,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from trainkit.core import ParallelStrategy, Precision, State, dist
+from trainkit.core import ParallelStrategy, Precision, State, TrainModel, dist
 from trainkit.core.config import slot
 from trainkit.core.meta import materialize, on_meta
 from trainkit.parallel._common import (
@@ -40,6 +43,7 @@ from trainkit.parallel._common import (
     require_process_group,
     sharded_precision,
 )
+from trainkit.parallel._context_parallel import ContextParallel, apply_context_parallel
 from trainkit.parallel._mesh import ParallelDims
 from trainkit.parallel._oom import fsdp_checkpoints, reset_fsdp_after_oom
 from trainkit.parallel._tensor_parallel import TensorParallel, apply_tensor_parallel
@@ -84,6 +88,10 @@ class FSDPConfig:
     tensor_parallel: TensorParallel | None = slot("trainkit.parallel", default=None)
     """Tensor parallelism inside each data-parallel rank (a 2-D or 3-D mesh): a
     `TensorParallel` with its plan and degree."""
+    context_parallel: ContextParallel | None = slot("trainkit.parallel", default=None)
+    """Context parallelism inside each data-parallel rank: a `ContextParallel` with its
+    degree; its ranks read the same batches, split each sequence, and shard parameters
+    with the data-parallel ranks (FSDP over shard x context)."""
     compile: bool | dict[str, Any] = False
     """``torch.compile`` each block (True, or keyword arguments for ``torch.compile``)."""
     sync_module_states: bool = True
@@ -115,6 +123,13 @@ class FSDPConfig:
                 f"tensor_parallel must be a TensorParallel(plan=..., degree=...), got "
                 f"{type(self.tensor_parallel).__name__}"
             )
+        if self.context_parallel is not None and not isinstance(
+            self.context_parallel, ContextParallel
+        ):
+            raise TypeError(
+                f"context_parallel must be a ContextParallel(degree=...), got "
+                f"{type(self.context_parallel).__name__}"
+            )
         if not isinstance(self.compile, bool | Mapping):
             raise TypeError(
                 f"FSDP compile must be a bool or a dict of torch.compile arguments, got "
@@ -143,34 +158,39 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
 
     @property
     def data_parallel_size(self) -> int:
-        """The ranks that read distinct data: replicate x shard (each tensor-parallel group
-        of ranks reads one slice)."""
+        """The ranks that read distinct data: replicate x shard (each tensor-parallel and
+        context-parallel group of ranks reads one slice)."""
         if self._dims is None:
             return self.dims(dist.get_world_size()).data_parallel
         return self._dims.data_parallel
 
     def dims(self, world_size: int) -> ParallelDims:
-        """The replicate x shard x tensor degrees this strategy uses on ``world_size`` ranks.
+        """The replicate x shard x context x tensor degrees this strategy uses on
+        ``world_size`` ranks.
 
         Raises:
             ValueError: the degrees do not fit the world size.
         """
-        tensor = self._tensor_degree()
-        if world_size % tensor:
+        tensor, context = self._tensor_degree(), self._context_degree()
+        if world_size % (tensor * context):
+            degrees = f"tensor-parallel degree {tensor}"
+            if context > 1:
+                degrees = f"context-parallel degree {context} x {degrees} = {context * tensor}"
             raise ValueError(
-                f"tensor-parallel degree {tensor} does not divide the world size {world_size}"
+                f"{degrees} does not divide the world size {world_size}; {_fitting(world_size)}"
             )
-        data = world_size // tensor
+        data = world_size // (tensor * context)
+        within = {"context": context, "tensor": tensor}
         replicate, shard = self.config.replicate_degree, self.config.shard_degree
         if self.config.sharding in ("full", "grad_op"):
             _expect(replicate, 1, "replicate_degree", self.config.sharding, "it does not replicate")
             _expect(shard, data, "shard_degree", self.config.sharding, "it shards over all ranks")
-            return ParallelDims(replicate=1, shard=data, tensor=tensor).resolve(world_size)
+            return ParallelDims(replicate=1, shard=data, **within).resolve(world_size)
         if self.config.sharding == "none":
             _expect(shard, 1, "shard_degree", "none", "it does not shard")
             _expect(replicate, data, "replicate_degree", "none", "it replicates on all ranks")
-            return ParallelDims(replicate=data, shard=1, tensor=tensor).resolve(world_size)
-        return _hybrid_dims(replicate, shard, data, tensor, world_size)
+            return ParallelDims(replicate=data, shard=1, **within).resolve(world_size)
+        return _hybrid_dims(replicate, shard, data, within, world_size)
 
     def prepare(self, state: State) -> None:
         """Apply tensor parallel, checkpointing, compile and FSDP in that order (collective)."""
@@ -185,6 +205,8 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
                 "FSDP(tensor_parallel=...) cannot take a model on the meta device yet; build "
                 "the model on a real device, or drop tensor_parallel"
             )
+        if self.config.context_parallel is not None:
+            _check_no_train_metrics(model)
         if self.config.sync_module_states and not meta:  # meta: every rank inits the same
             broadcast_module_states(model)
         if self.config.tensor_parallel is not None:
@@ -192,9 +214,8 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         blocks = find_blocks(model, self.config.wrap)
         apply_activation_checkpointing(model, self.config.activation_checkpointing, blocks)
         apply_compile(blocks, model, self.config.compile)
-        data_mesh = mesh["shard"] if dims.replicate == 1 else mesh["replicate", "shard"]
         options: dict[str, Any] = {
-            "mesh": data_mesh,
+            "mesh": _sharding_mesh(mesh, dims),
             "mp_policy": mixed_precision_policy(self.config.mixed_precision, state.precision),
             "offload_policy": _offload_policy(self.config.cpu_offload, state.device),
         }
@@ -207,6 +228,8 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
             materialize(model, state.device, state.seed, skip=blocks)
         # None lets FSDP keep the root gathered after forward: backward needs it first.
         fully_shard(model, reshard_after_forward=self.config.reshard_after_forward, **options)
+        if self.config.context_parallel is not None:
+            apply_context_parallel(model, mesh["context"], self.config.context_parallel.config)
         self._dims = dims
         self._blocks = blocks
 
@@ -249,6 +272,16 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
                 "degree: TensorParallel(plan=plan, degree=d), with d dividing the world size"
             )
         return self.config.tensor_parallel.config.degree
+
+    def _context_degree(self) -> int:
+        if self.config.context_parallel is None:
+            return 1
+        if self.config.context_parallel.config.degree is None:
+            raise ValueError(
+                "FSDP(context_parallel=ContextParallel()) needs the context-parallel degree: "
+                "ContextParallel(degree=d), with d dividing the world size"
+            )
+        return self.config.context_parallel.config.degree
 
     def _reshard_after_forward(self) -> bool | int:
         if self.config.reshard_after_forward is not None:
@@ -294,10 +327,19 @@ def _expect(value: int | None, expected: int, name: str, sharding: str, why: str
 
 
 def _hybrid_dims(
-    replicate: int | None, shard: int | None, data: int, tensor: int, world_size: int
+    replicate: int | None,
+    shard: int | None,
+    data: int,
+    within: dict[str, int],
+    world_size: int,
 ) -> ParallelDims:
     divisors = [d for d in range(1, data + 1) if data % d == 0]
-    where = f"{data} data-parallel ranks (world size {world_size} / tensor degree {tensor})"
+    where = (
+        f"{data} data-parallel ranks (world size {world_size} / tensor degree {within['tensor']}"
+    )
+    if within["context"] > 1:
+        where += f" / context degree {within['context']}"
+    where += ")"
     if replicate is None and shard is None:
         raise ValueError(
             f"FSDP(sharding='hybrid') needs replicate_degree or shard_degree (e.g. the "
@@ -317,7 +359,34 @@ def _hybrid_dims(
             f"FSDP(sharding='hybrid') replicate_degree={replicate} x shard_degree={shard} = "
             f"{replicate * shard}, but there are {where}"
         )
-    return ParallelDims(replicate=replicate, shard=shard, tensor=tensor).resolve(world_size)
+    return ParallelDims(replicate=replicate, shard=shard, **within).resolve(world_size)
+
+
+def _check_no_train_metrics(model: nn.Module) -> None:
+    # The Trainer updates training metrics with the model's outputs and the batch it
+    # loaded: under context parallel, this rank's part of the outputs beside whole sequences.
+    metrics = model.get_metrics(is_train=True) if isinstance(model, TrainModel) else {}
+    if metrics:
+        raise ValueError(
+            f"FSDP(context_parallel=...) cannot update training metrics {sorted(metrics)}: "
+            "each rank's outputs cover its part of the sequences only. Leave them out of "
+            "training (evaluation metrics run on whole sequences and work as usual)"
+        )
+
+
+def _fitting(world_size: int) -> str:
+    divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+    return f"it must be one of the world size's divisors {divisors}"
+
+
+def _sharding_mesh(mesh: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
+    # Context-parallel ranks hold the same parameters and their gradients add up, so they
+    # shard with the shard ranks: one flattened dim (torchtitan's dp_shard_cp).
+    shard = "shard"
+    if dims.context > 1:
+        mesh["shard", "context"]._flatten("shard_context")
+        shard = "shard_context"
+    return mesh[shard] if dims.replicate == 1 else mesh["replicate", shard]
 
 
 def _offload_policy(cpu_offload: bool, device: torch.device) -> OffloadPolicy:

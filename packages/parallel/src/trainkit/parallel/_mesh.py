@@ -1,4 +1,5 @@
-"""`ParallelDims`: how the ranks split into replicate x shard x tensor, and its `DeviceMesh`."""
+"""`ParallelDims`: how the ranks split into replicate x shard x context x tensor, and its
+`DeviceMesh`."""
 
 from __future__ import annotations
 
@@ -10,17 +11,19 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 __all__ = ["MESH_DIMS", "ParallelDims"]
 
-MESH_DIMS = ("replicate", "shard", "tensor")
+MESH_DIMS = ("replicate", "shard", "context", "tensor")
 """Names of the mesh dimensions, outermost first: ranks next to each other share a tensor-
-parallel group (the fastest links), then a shard group, then the replicas."""
+parallel group (the fastest links), then a context-parallel group, then a shard group, then
+the replicas."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
     """Degrees of each kind of parallelism; they multiply to the world size.
 
-    Rank ``r`` sits at mesh coordinate ``(r // (shard * tensor), r // tensor % shard,
-    r % tensor)``. One degree may be -1: it takes whatever the others leave.
+    Rank ``r`` sits at mesh coordinate ``(r // (shard * context * tensor),
+    r // (context * tensor) % shard, r // tensor % context, r % tensor)``. One degree may
+    be -1: it takes whatever the others leave.
 
     Example: 8 GPUs as 2 replicas of a model sharded over 2 ranks, each rank holding half
     of every layer (tensor parallel 2): ``ParallelDims(replicate=2, shard=2, tensor=2)``.
@@ -30,6 +33,10 @@ class ParallelDims:
     """Data-parallel replicas: parameters copied, gradients all-reduced (HSDP's outer dim)."""
     shard: int = -1
     """Data-parallel ranks that shard parameters, gradients and optimizer state (FSDP)."""
+    context: int = 1
+    """Ranks that split each sequence between them (context parallel): they read the same
+    batch, each computes its slice of the sequence, and they shard parameters with the
+    ``shard`` ranks (FSDP over shard x context)."""
     tensor: int = 1
     """Ranks that split each layer's matrices between them (tensor parallel)."""
 
@@ -81,14 +88,29 @@ class ParallelDims:
         return self.replicate * self.shard
 
     def data_parallel_rank(self, rank: int) -> int:
-        """Which slice of the data global ``rank`` reads (ranks in a tensor group read the same)."""
-        return rank // self.tensor
+        """Which slice of the data global ``rank`` reads: ranks in one context or tensor group
+        read the same (its index among the ``data_parallel`` slices)."""
+        self._check_resolved("data_parallel_rank")
+        return rank // (self.context * self.tensor) % self.data_parallel
+
+    def context_parallel_rank(self, rank: int) -> int:
+        """Which part of each sequence global ``rank`` computes (0 to ``context - 1``)."""
+        self._check_resolved("context_parallel_rank")
+        return rank // self.tensor % self.context
 
     def build_mesh(self, device_type: str, world_size: int) -> DeviceMesh:
-        """The 3-D ``DeviceMesh`` over every rank, dims named `MESH_DIMS` (collective)."""
+        """The ``DeviceMesh`` over every rank, one dim per name of `MESH_DIMS` (collective)."""
         dims = self.resolve(world_size)
         shape = tuple(dims.as_dict().values())
         return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+    def _check_resolved(self, what: str) -> None:
+        inferred = [name for name, value in self.as_dict().items() if value == -1]
+        if inferred:
+            raise ValueError(
+                f"ParallelDims.{what} needs every degree, but {inferred} is -1; call "
+                "resolve(world_size) first"
+            )
 
 
 def _accepted(world_size: int) -> str:
