@@ -44,20 +44,23 @@ def test_the_ledger_counts_lost_steps_and_restarts_across_sigkill_and_resume(tmp
     resumed.close()
 
     records = read_records(folder)
-    # One record per point of each process's life, none per step; a killed process's last
-    # step comes from its heartbeat, recorded by the next process (and the live one's last).
-    assert [(r["event"], r["n"]) for r in records] == [
-        ("start", 0),
-        ("first_step", 0),
-        ("beat", 0),
-        ("start", 1),
-        ("first_step", 1),
-        ("beat", 1),
-        ("start", 2),
-        ("first_step", 2),
-        ("progress", 2),
-        ("end", 2),
-        ("beat", 2),
+    # One record per point of each process's life and per checkpoint, none per step; a
+    # killed process's last step comes from its heartbeat, recorded by the next process.
+    assert [(r["event"], r["n"], r["batch"]) for r in records] == [
+        ("start", 0, 0),
+        ("first_step", 0, 1),
+        ("checkpoint", 0, 4),
+        ("beat", 0, 6),
+        ("start", 1, 4),
+        ("first_step", 1, 5),
+        ("checkpoint", 1, 8),
+        ("beat", 1, 9),
+        ("start", 2, 8),
+        ("first_step", 2, 9),
+        ("progress", 2, 12),
+        ("checkpoint", 2, 12),  # saved at FIT_END, after the fit's record
+        ("end", 2, 12),
+        ("beat", 2, 12),
     ]
     summary = summarize(records)
     assert [(p.first_batch, p.last_batch) for p in summary.processes] == [(0, 6), (4, 9), (8, 12)]

@@ -6,8 +6,8 @@ Per step (`GoodputTracker.batch_end`, from `finish_batch`): a comparison and, wh
 was committed, one store into a memory-mapped page: no system call, no file I/O. The page is
 the kernel's, so it survives a SIGKILL, and the next process reads it back. Records are
 appended (one ``write`` of a whole line, then ``fsync``) when the process is ready to train,
-at its first step, every `RECORD_INTERVAL_S` seconds, at the end of each ``fit`` and at
-``close``.
+at its first step, after each checkpoint the run's `Checkpointer` saves (seen at the next
+step), every `RECORD_INTERVAL_S` seconds, at the end of each ``fit`` and at ``close``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from trainkit.trainer.goodput import (
 if TYPE_CHECKING:
     from trainkit.core import Logger, State
 
-__all__ = ["GoodputTracker", "checkpoint_folder", "process_started"]
+__all__ = ["GoodputTracker", "checkpointer_of", "process_started"]
 
 RECORD_INTERVAL_S = 60.0
 """Seconds between a process's ``progress`` records (and logged goodput metrics)."""
@@ -61,16 +61,15 @@ def process_started() -> float | None:
     return time.time() - max(0.0, age)
 
 
-def checkpoint_folder(state: State) -> Path | None:
-    """The local folder of the run's `Checkpointer` (trainkit-checkpoint, found by entry
-    point, as the Trainer's ``save_folder`` builds it), or None: no checkpointer, it only
-    loads, or it saves to a URL."""
+def checkpointer_of(state: State) -> Any:
+    """The run's `Checkpointer` that saves (trainkit-checkpoint's, found by entry point, as
+    the Trainer's ``save_folder`` builds it), or None."""
     if "checkpointer" not in plugins.available("trainkit.callbacks"):
         return None
     checkpointer = plugins.load("trainkit.callbacks", "checkpointer")
     for callback in state.callbacks:
-        if isinstance(callback, checkpointer) and isinstance(callback.folder, Path):
-            return callback.folder
+        if isinstance(callback, checkpointer) and callback.config.folder is not None:
+            return callback
     return None
 
 
@@ -96,6 +95,9 @@ class GoodputTracker:
         self._batch = -1
         self._wct = 0.0
         self._due = -math.inf  # the first committed step is recorded at once
+        self._at = 0.0  # when the last committed step ended
+        self._checkpointer: Any = None  # the run's Checkpointer, whose saves are recorded
+        self._saved_at: Any = None  # its last save, as recorded
         self._first_step_done = False
         self._compiled = False
         self._offset = time.time() - time.perf_counter()  # perf_counter -> time.time()
@@ -129,8 +131,12 @@ class GoodputTracker:
         heartbeat and this start."""
         self._logger = logger
         self._compiled = loop_private(state).recompiles is not None
-        folder = checkpoint_folder(state)
-        if folder is not None:
+        self._checkpointer = checkpointer = checkpointer_of(state)
+        # Its folder, once local (a URL or a folder named by the run's fields: a path by now).
+        folder = checkpointer.folder if checkpointer is not None else None
+        if checkpointer is not None:
+            self._saved_at = checkpointer.saved_at
+        if isinstance(folder, Path):
             try:
                 self._open_files(folder)
             except OSError as err:
@@ -211,13 +217,23 @@ class GoodputTracker:
         timestamp = state.timestamp
         if timestamp.batch == self._batch:
             return
+        if self._checkpointer is not None and self._checkpointer.saved_at is not self._saved_at:
+            self._checkpoint_saved()  # after the previous step
         self._batch, self._wct = timestamp.batch, timestamp.total_wct
-        at = now + self._offset
+        self._at = at = now + self._offset
         if self._beat is not None:
             BEAT.pack_into(self._beat, len(BEAT_MAGIC), self.n, self._batch, at, self._wct, self.n)
         if at >= self._due:
             self._due = at + RECORD_INTERVAL_S
             self._record(at)
+
+    def _checkpoint_saved(self) -> None:
+        # The Checkpointer saves at the checkpoint events, after the step it saves: seen at
+        # the next step, the end of the fit or close, and recorded at that step's values.
+        self._saved_at = saved_at = self._checkpointer.saved_at
+        if saved_at is not None and saved_at[1] == self._batch:
+            where = self._where(self._at, self._batch, self._wct)
+            self._append({"event": "checkpoint", "n": self.n, **where})
 
     def _record(self, at: float) -> None:
         where = self._where(at, self._batch, self._wct)
@@ -244,6 +260,8 @@ class GoodputTracker:
 
     def fit_end(self, state: State) -> None:
         """The end of a ``fit``: a record, and the metrics."""
+        if self._checkpointer is not None and self._checkpointer.saved_at is not self._saved_at:
+            self._checkpoint_saved()
         self._batch, self._wct = state.timestamp.batch, state.timestamp.total_wct
         at = time.time()
         self._write_beat(at)
@@ -254,6 +272,8 @@ class GoodputTracker:
         """The Trainer closes: the last record; the files are let go."""
         if self._logger is None:
             return  # never opened, or closed already
+        if self._checkpointer is not None and self._checkpointer.saved_at is not self._saved_at:
+            self._checkpoint_saved()  # the save at the end of the last fit
         at = time.time()
         self._write_beat(at)
         self._append({"event": "end", "n": self.n, **self._where(at, self._batch, self._wct)})

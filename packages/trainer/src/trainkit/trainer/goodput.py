@@ -14,6 +14,8 @@ Each record has an ``"event"`` and ``"n"``, the number of the process it is abou
   ``batch`` and ``wct`` (the run's batch count and training time it starts from),
   ``resumed_from``, ``run`` (the run's name), ``parts`` (its restart time so far, by part);
 - ``first_step``: its first committed step, with the ``compile`` or ``first_step`` part;
+- ``checkpoint``: the run's `Checkpointer` saved (or began an asynchronous save) after the
+  step it names;
 - ``progress`` (every minute and at the end of each ``fit``), ``end`` (the Trainer closed);
 - ``beat``: the last step a process committed, read from the heartbeat file
   (``goodput.beat``, written at every step into a shared memory page, no system call) by
