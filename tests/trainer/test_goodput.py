@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from multirank import fork_context
+from multirank import fork_context, run_ranks
 from toy import blobs, loader, mlp
 from trainkit.core import Callback, LoggerDestination, ParallelStrategy, Timestamp
 from trainkit.trainer import Trainer, _goodput
@@ -170,6 +170,18 @@ def test_the_process_group_start_is_reported_as_the_rendezvous():
     assert parts["rendezvous"] > 0
     total = parts.pop("total")
     assert total == pytest.approx(sum(parts.values()))
+
+
+def _goodput_keys_logged(rank, world_size):
+    destination = Metrics()
+    run(destinations=[destination], parallelism=NeedsGroup(), max_duration="2ba")
+    return sorted({k for _, metrics, _ in destination.logged for k in metrics if "goodput" in k})
+
+
+def test_rank_0_alone_keeps_and_logs_goodput():
+    rank0, rank1 = run_ranks(_goodput_keys_logged, 2)
+    assert "goodput/fraction" in rank0 and "goodput/restart_s/total" in rank0
+    assert rank1 == []
 
 
 # --- a ledger's records, added up ----------------------------------------------------------
