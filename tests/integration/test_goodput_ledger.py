@@ -89,3 +89,16 @@ def test_the_ledger_counts_lost_steps_and_restarts_across_sigkill_and_resume(tmp
     restarts = _ledger_restarts(folder / LEDGER)
     assert [label for label, _ in restarts] == ["from ba 0", "from ba 4", "from ba 8"]
     assert [parts for _, parts in restarts] == [p.restart_s for p in summary.processes]
+
+
+def test_a_ledger_that_cannot_be_written_is_said_once_and_training_goes_on(tmp_path):
+    folder = tmp_path / "checkpoints"
+    (folder / LEDGER).mkdir(parents=True)  # in the way: no file can be written there
+    memory = InMemoryLogger()
+    with pytest.warns(RuntimeWarning, match=r"cannot keep the goodput ledger in .*checkpoints"):
+        run = trainer(folder, loggers=[memory], max_duration="3ba")
+    run.fit()
+    run.close()
+    assert run.state.timestamp.batch == 3
+    assert 0 < memory.latest["goodput/fraction"] <= 1  # counted for this process alone
+    assert memory.latest["goodput/restarts"] == 0
