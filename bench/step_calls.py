@@ -5,7 +5,7 @@ widely, counts do not. Both loops train the same tiny MLP on the same data; then
 the null model of step_time.py (nothing to compute), where the Trainer's extra bytecodes
 are the whole of its per-step Python, listed by function.
 
-    uv run python bench/step_calls.py [--steps 200] [--top 12]
+    uv run python bench/step_calls.py [--steps 200] [--top 12] [--goodput]
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import copy
 import cProfile
 import pstats
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -27,6 +29,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainkit.trainer import Classifier, Trainer
+from trainkit.trainer._private import loop_private
 
 
 def calls(fn: Callable[[], None]) -> int:
@@ -77,6 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--top", type=int, default=12, help="functions listed for the null model")
+    parser.add_argument(
+        "--goodput", action="store_true", help="also what the goodput bookkeeping adds per step"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -122,6 +128,31 @@ def main() -> None:
     print(f"null model: the Trainer's extra bytecodes per step, by function (top {args.top}):")
     for name, count in extra.most_common(args.top):
         print(f"  {count / steps:7.1f}  {name}")
+    if args.goodput:
+        goodput_cost(null_trainer, steps)
+
+
+def goodput_cost(trainer: Trainer, steps: int) -> None:
+    """What the goodput bookkeeping adds per step: the same Trainer with its tracker as a
+    run with a checkpoint folder has it (the heartbeat page mapped), then without it."""
+    private = loop_private(trainer.state)
+    tracker = private.goodput
+    assert tracker is not None, "rank 0 of a Trainer's run keeps a goodput tracker"
+
+    def fit() -> None:
+        trainer.fit(duration=f"{steps}ba")
+
+    with tempfile.TemporaryDirectory() as folder:
+        tracker._open_files(Path(folder))  # as in a run with a checkpoint folder
+        with_calls, with_ops = calls(fit) / steps, sum(bytecodes(fit).values()) / steps
+        private.goodput = None
+        without_calls, without_ops = calls(fit) / steps, sum(bytecodes(fit).values()) / steps
+        private.goodput = tracker
+        tracker.close()
+    print(
+        f"goodput bookkeeping (null model, heartbeat mapped; a record per fit): "
+        f"+{with_calls - without_calls:.1f} calls, +{with_ops - without_ops:.1f} bytecodes per step"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@ def test_core_stays_small():
     # issue 53), and config fields filled by position, did-you-mean, other libraries' names
     # answered, warnings at the user's line and the resume a run reports (issue 52). A new
     # feature of the Trainer still goes to trainkit-trainer.
-    assert lines <= 4750, (
-        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,750"
+    # +14 (issue 55): `dist.rendezvous_interval`, when `init_distributed` started the group,
+    # which the Trainer reports as a part of its restart time wherever the group was started.
+    assert lines <= 4764, (
+        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,764"
     )
     assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
 

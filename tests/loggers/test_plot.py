@@ -8,7 +8,8 @@ import pytest
 from toy import blobs, loader, mlp
 from trainkit.core import Callback
 from trainkit.loggers import FileLogger, LRMonitor
-from trainkit.loggers.plot import main, plot_run
+from trainkit.loggers._file import read_jsonl
+from trainkit.loggers.plot import _restarts, main, plot_run
 from trainkit.trainer import Trainer
 from trainkit.trainer.schedulers import LinearScheduler
 
@@ -41,15 +42,16 @@ def run_dir(tmp_path_factory):
     return folder
 
 
-def test_plot_writes_loss_lr_and_throughput_pngs(run_dir, capsys):
+def test_plot_writes_loss_lr_throughput_and_goodput_pngs(run_dir, capsys):
     assert main([str(run_dir)]) == 0
-    for name in ("loss.png", "lr.png", "throughput.png"):
+    for name in ("loss.png", "lr.png", "throughput.png", "goodput.png"):
         data = (run_dir / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
     assert capsys.readouterr().out.splitlines() == [
         f"plot of loss: {run_dir / 'loss.png'}",
         f"plot of lr: {run_dir / 'lr.png'}",
         f"plot of throughput: {run_dir / 'throughput.png'}",
+        f"plot of goodput: {run_dir / 'goodput.png'}",  # every Trainer run logs goodput
     ]
 
 
@@ -72,6 +74,24 @@ def test_plot_to_another_folder_and_only_what_was_logged(tmp_path):
     assert plot_run(source, out_dir=tmp_path / "pngs") == [tmp_path / "pngs" / "loss.png"]
 
 
+def test_goodput_restarts_are_drawn_from_the_metrics_without_a_ledger(tmp_path):
+    source = tmp_path / "run"
+    logger = FileLogger(folder=source, flush_interval=0)
+    for step, fraction in ((1, 0.2), (5, 0.6), (6, 0.5), (9, 0.7)):
+        logger.log_metrics({"goodput/fraction": fraction}, step)
+    for step, load in ((1, 0.5), (6, 2.0)):  # two process starts, as the Trainer logs them
+        logger.log_metrics(
+            {"goodput/restart_s/load": load, "goodput/restart_s/first_step": 0.3,
+             "goodput/restart_s/total": load + 0.3}, step)  # fmt: skip
+    logger.close()
+    assert _restarts(read_jsonl(source / "metrics.jsonl")) == [
+        ("ba 1", {"load": 0.5, "first_step": 0.3}),
+        ("ba 6", {"load": 2.0, "first_step": 0.3}),
+    ]
+    assert plot_run(source) == [source / "goodput.png"]
+    assert (source / "goodput.png").read_bytes().startswith(PNG)
+
+
 def test_plot_says_what_is_wrong(tmp_path, capsys):
     assert main([str(tmp_path / "missing")]) == 1
     assert "no metrics file" in capsys.readouterr().err
@@ -81,6 +101,9 @@ def test_plot_says_what_is_wrong(tmp_path, capsys):
     assert main([str(tmp_path / "other")]) == 1
     err = capsys.readouterr().err
     assert "no loss ('loss/...'), learning rate" in err and "it has: ['accuracy']" in err
+    assert main([str(tmp_path / "other"), "--ledger", str(tmp_path / "none.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert "no goodput ledger" in err and "none.jsonl" in err
 
 
 def test_runs_as_a_module(run_dir, monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ __all__ = [
     "get_world_size",
     "init_distributed",
     "is_initialized",
+    "rendezvous_interval",
 ]
 
 T = TypeVar("T")
@@ -149,6 +151,7 @@ def init_distributed(
     timeout = _check_timeout(timeout)
     if _dist.is_initialized():
         return False
+    began = time.time()
     if not any(name in env for name in _TORCHRUN_VARS):
         if not single_process:
             return False
@@ -157,6 +160,7 @@ def init_distributed(
             torch.cuda.set_device(0)
         store = _dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)
         _dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        _rendezvous[os.getpid()] = (began, time.time())
         return True
     rank, world_size, local_rank, address, port = _read_env(env)
     if backend == "nccl":
@@ -168,7 +172,17 @@ def init_distributed(
         world_size=world_size,
         timeout=timeout,
     )
+    _rendezvous[os.getpid()] = (began, time.time())
     return True
+
+
+_rendezvous: dict[int, tuple[float, float]] = {}  # by pid: a forked child starts its own
+
+
+def rendezvous_interval() -> tuple[float, float] | None:
+    """When `init_distributed` started this process's group: ``time.time()`` before and
+    after (None: it started none). The Trainer reports it in its restart time."""
+    return _rendezvous.get(os.getpid())
 
 
 def get_sampler(

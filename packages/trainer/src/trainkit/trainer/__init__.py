@@ -2,8 +2,9 @@
 
 `Trainer` runs the loop of `trainkit.core` (events, algorithms, callbacks, strategies) as
 its `TrainerConfig` says. Beside it: `Classifier` and `HuggingFaceModel`, and the public
-submodules `trainkit.trainer.loop` (the run's phases, for a loop of your own), `.metrics`,
-`.optim`, `.schedulers` (the learning-rate schedules) and `.streaming`.
+submodules `trainkit.trainer.loop` (the run's phases, for a loop of your own), `.goodput`
+(reading a run's goodput ledger), `.metrics`, `.optim`, `.schedulers` (the learning-rate
+schedules) and `.streaming`.
 """
 
 from trainkit.core.plugins import name_hints

@@ -98,8 +98,13 @@ def prepare_run(
     state.eval_metrics = setup.eval_metrics_for(unwrapped, state.evaluators, state.device)
     if state.train_data is not None:
         state.train_data.make_resumable(state.seed)
+    goodput = loop_private(state).goodput
+    if goodput is not None:
+        goodput.mark("prepare")
     engine.run_event(Event.BEFORE_LOAD)
     engine.run_event(Event.AFTER_LOAD)
+    if goodput is not None:
+        goodput.mark("load")
 
 
 def epoch_batches(state: State, engine: Engine) -> Iterator[Any]:
@@ -164,7 +169,7 @@ def finish_batch(
     state: State, engine: Engine, clock: BatchClock, loss: torch.Tensor | None
 ) -> None:
     """Advance the timestamp, step the LR schedulers (when stepped every batch), log the loss,
-    fire BATCH_END.
+    fire BATCH_END; then, in a Trainer's run, count the step for goodput if it was committed.
 
     With a wall-clock ``max_duration`` on ranks that train together, every rank counts the
     slowest rank's batch time (one small CPU collective per batch, in such runs only): each
@@ -184,10 +189,12 @@ def finish_batch(
         scheduler_step(state)
     if loss is not None and engine.logger.destinations:
         engine.logger.log_metrics({"loss/train/total": loss})
-    recompiles = loop_private(state).recompiles
-    if recompiles is not None:
-        recompiles.batch_end(engine.logger)
+    private = loop_private(state)
+    if private.recompiles is not None:
+        private.recompiles.batch_end(engine.logger)
     engine.run_event(Event.BATCH_END)
+    if private.goodput is not None:  # after BATCH_END: a step not committed is not counted
+        private.goodput.batch_end(state, now)
 
 
 _clock_group: list[Any] = []  # [(the run's process group, a gloo group for the clock)]

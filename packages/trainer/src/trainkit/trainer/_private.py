@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainkit.core import Evaluator, State
     from trainkit.trainer._compile import RecompileWatch
+    from trainkit.trainer._goodput import GoodputTracker
     from trainkit.trainer._oom import OOMCheckpoints
 
 __all__ = ["LoopPrivate", "loop_private"]
@@ -25,6 +26,9 @@ class LoopPrivate:
     installed while the training microbatch size is being searched (set by `train_batch`)."""
     eval_oom_checkpoints: dict[int, tuple[Evaluator, OOMCheckpoints]] = field(default_factory=dict)
     """The same for each evaluator with ``device_eval_microbatch_size="auto"``, by its id."""
+    goodput: GoodputTracker | None = None
+    """On rank 0 of a `Trainer`'s run: its goodput bookkeeping (`prepare_run` marks the
+    loading in it, `finish_batch` counts each committed step)."""
 
     def evaluator_checkpoints(self, evaluator: Evaluator) -> OOMCheckpoints | None:
         kept = self.eval_oom_checkpoints.get(id(evaluator))

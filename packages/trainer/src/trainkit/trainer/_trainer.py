@@ -3,14 +3,15 @@
 The call tree, from ``fit`` to the optimizer step (each name a function in this package)::
 
     Trainer.__init__        State, Engine, Logger; prepare_run (_loop.py): INIT, placement,
-                            strategy, compile, optimizers, schedules, BEFORE/AFTER_LOAD
+                            strategy, compile, optimizers, schedules, BEFORE/AFTER_LOAD;
+                            on rank 0 the goodput ledger (_goodput.py)
     Trainer.fit             _restage (a next stage's arguments), FitGuard.running
       _train_epoch            for each batch of epoch_batches (_loop.py):
         start_batch             count it, move it to the device, BATCH_START (_loop.py)
         train_batch             run_microbatches, retried on out-of-memory (_retry.py):
                                 zero_grad, forward, loss, backward (_step.py)
         optimizer_step          state.precision.step: optimizer.step() (_step.py)
-        finish_batch            timestamp, schedules, BATCH_END (_loop.py)
+        finish_batch            timestamp, schedules, BATCH_END, goodput's count (_loop.py)
         FitGuard.after_batch    preemption vote, non-finite loss; then eval, BATCH_CHECKPOINT
       finish_epoch, EPOCH_END, EPOCH_CHECKPOINT; at the end FIT_END
 """
@@ -45,6 +46,7 @@ from trainkit.trainer import _setup as setup
 from trainkit.trainer._eval import evaluate, predict
 from trainkit.trainer._fit_guard import FitGuard
 from trainkit.trainer._gc import frozen_heap
+from trainkit.trainer._goodput import GoodputTracker
 from trainkit.trainer._loop import (
     epoch_batches,
     finish_batch,
@@ -54,6 +56,7 @@ from trainkit.trainer._loop import (
 )
 from trainkit.trainer._placement import join_process_group, resolve_parallelism
 from trainkit.trainer._preemption import check_preemption_signals
+from trainkit.trainer._private import loop_private
 from trainkit.trainer._resume import finish_complete_run, report_complete, report_resume
 from trainkit.trainer._retry import train_batch
 from trainkit.trainer._step import optimizer_step
@@ -74,6 +77,7 @@ class Trainer(Configurable, config=TrainerConfig):
     config: TrainerConfig
 
     def __init__(self, config: TrainerConfig | None = None, /, **options: Any):
+        goodput = GoodputTracker()  # first: the restart time counts from here
         super().__init__(config, **options)
         config = self.config
         model = config.model
@@ -133,6 +137,8 @@ class Trainer(Configurable, config=TrainerConfig):
         self.logger = Logger(destinations, state)
         self.engine = Engine(state, self.logger)
         self.engine.log_traces = config.log_traces
+        if state.rank == 0:  # rank 0 keeps the run's goodput ledger
+            loop_private(state).goodput = goodput
         prepare_run(
             state,
             self.engine,
@@ -141,6 +147,8 @@ class Trainer(Configurable, config=TrainerConfig):
             step_schedulers_every_batch=config.step_schedulers_every_batch,
             compile=config.compile,
         )
+        if loop_private(state).goodput is not None:
+            goodput.open(state, self.logger)
         self.logger.log_hyperparameters(self.hyperparameters())  # destinations started at INIT
         report_resume(state)
         log.info(
@@ -247,6 +255,8 @@ class Trainer(Configurable, config=TrainerConfig):
             if state.is_done():
                 self.engine.run_event(Event.ITERATION_END)
                 self.engine.run_event(Event.ITERATION_CHECKPOINT)
+            if (goodput := loop_private(state).goodput) is not None:
+                goodput.fit_end(state)
             self.engine.run_event(Event.FIT_END)
             log.info(
                 "fit ended at epoch %d batch %d (%s)",
@@ -361,6 +371,8 @@ class Trainer(Configurable, config=TrainerConfig):
 
     def close(self) -> None:
         """Close callbacks and logger destinations (flush files, finish remote runs)."""
+        if (goodput := loop_private(self.state).goodput) is not None:
+            goodput.close()  # its last ledger record
         self.engine.close()
 
     def __enter__(self) -> Trainer:
