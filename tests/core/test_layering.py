@@ -1,5 +1,5 @@
 """trainkit-core stays the small contract it promises: no import cycle among its modules (at
-module level or inside a function; type-only imports may point back), at most 4,750 lines
+module level or inside a function; type-only imports may point back), at most 4,823 lines
 of source and 35 top-level names, used by the other packages through its public names
 only. (import-linter checks that it imports no sibling.)"""
 
@@ -24,9 +24,10 @@ def test_core_stays_small():
     # users meet in it: the rule that builds a model on the meta device (trainkit.core.meta,
     # issue 53), and config fields filled by position, did-you-mean, other libraries' names
     # answered, warnings at the user's line and the resume a run reports (issue 52). A new
-    # feature of the Trainer still goes to trainkit-trainer.
-    assert lines <= 4750, (
-        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,750"
+    # feature of the Trainer still goes to trainkit-trainer. +73 (issue 54): SLURM's srun
+    # environment read by init_distributed, the one place trainkit reads the environment.
+    assert lines <= 4823, (
+        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,823"
     )
     assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
 
