@@ -18,12 +18,18 @@ import argparse
 import os
 import sys
 
-__all__ = ["LINE_PREFIX", "add_parser", "run", "torchrun_args"]
+__all__ = ["FRESH_STORE_PER_ROUND", "LINE_PREFIX", "add_parser", "run", "torchrun_args"]
 
 # Each line a rank prints starts with its global rank. Set through torchrun's environment
 # variable, which every torch release with this feature reads (the command-line option
 # came later: torch 2.11's torchrun passes an unknown option on to the ranks' Python).
 LINE_PREFIX = ("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")
+
+# A fresh store for the workers' process group at each rendezvous round (rank 0's worker
+# hosts it on a new port), not torch's default of one store shared by every round: a
+# restarted rank read the previous round's keys there, so it dialled a dead rank's gloo
+# port ("Connection refused") or waited for one, and the restarted group never formed.
+FRESH_STORE_PER_ROUND = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
 # The c10d rendezvous' settings (torch.distributed.elastic.rendezvous): torch ignores a key
 # it does not know, so a typo would pass silently; these are the ones it reads.
@@ -251,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
 
     command = torchrun_args(args)
     os.environ.setdefault(*LINE_PREFIX)  # a template the user set wins
+    os.environ.setdefault(*FRESH_STORE_PER_ROUND)  # as does the user's choice
     try:
         torchrun(command)
     except SignalException as err:
