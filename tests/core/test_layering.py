@@ -1,5 +1,5 @@
 """trainkit-core stays the small contract it promises: no import cycle among its modules (at
-module level or inside a function; type-only imports may point back), at most 4,750 lines
+module level or inside a function; type-only imports may point back), at most 4,823 lines
 of source and 35 top-level names, used by the other packages through its public names
 only. (import-linter checks that it imports no sibling.)"""
 
@@ -28,8 +28,10 @@ def test_core_stays_small():
     # +14 (issue 55): `dist.rendezvous_interval`, when `init_distributed` started the group,
     # which the Trainer reports as a part of its restart time wherever the group was started.
     # +2 (issue 56): the `trainkit.recipes` entry-point group, named with the others.
-    assert lines <= 4764, (
-        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,764"
+    # +73 (issue 54): SLURM's srun environment read by init_distributed, the one place
+    # trainkit reads the launcher's environment.
+    assert lines <= 4837, (
+        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,837"
     )
     assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import re
 import shlex
 import sys
@@ -201,6 +202,8 @@ def _check_line(words: list[str], where: str) -> None:
         words = words[1:]  # environment assignments
     if words[:2] == ["uv", "run"]:
         words = words[2:]
+    if words[:1] == ["srun"]:  # SLURM: the command after srun's options (written --opt=value)
+        words = list(itertools.dropwhile(lambda word: word.startswith("-"), words[1:]))
     if not words or words[0] in NOT_CHECKED or words[:2] == ["uv", "sync"]:
         return
     if words[0] == "trainkit":

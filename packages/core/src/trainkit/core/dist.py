@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -55,9 +56,11 @@ def get_local_rank() -> int:
     """The rank within this node (the GPU index to use)."""
     if not is_initialized():
         return 0
-    # torchrun sets LOCAL_RANK. Groups started another way (fork-based tests, custom
-    # launchers) are taken as one node per GPU set, or a single node without GPUs.
+    # torchrun sets LOCAL_RANK, srun SLURM_LOCALID. Groups started another way (fork-based
+    # tests, custom launchers) are taken as one node per GPU set, or a single node without GPUs.
     local = os.environ.get("LOCAL_RANK")
+    if local is None and _slurm_tasks(os.environ) > 1:
+        local = os.environ.get("SLURM_LOCALID")
     if local is not None:
         return int(local)
     gpus = torch.cuda.device_count()
@@ -121,14 +124,17 @@ def init_distributed(
     """Initialise the default process group, once, before building the `Trainer`.
 
     Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set) every
-    rank joins the job's group; on CUDA the rank also selects GPU ``LOCAL_RANK``. Without
-    torchrun's variables, a one-rank group is started when ``single_process`` (parallel
-    strategies need a group even alone: FSDP at world size 1), on a TCPStore this process
-    hosts on a port the OS picks (port 0, so no free-port guess can race); else nothing is
-    started. Call it before the `Trainer`: the Trainer agrees on a seed and
-    picks each rank's device when built. This is the one place trainkit reads the
-    environment (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-    ``MASTER_PORT``); the CLI and trainkit-parallel call it.
+    rank joins the job's group; on CUDA the rank also selects GPU ``LOCAL_RANK``. Under
+    SLURM's ``srun`` with one task per process and no torchrun, the same comes from
+    ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS`` and ``SLURM_LOCALID``, at the first host of the
+    step's node list (``MASTER_ADDR`` and ``MASTER_PORT`` override the address and the port,
+    which is otherwise 10000 + ``SLURM_JOB_ID`` % 20000). Without a launcher, a one-rank
+    group is started when ``single_process`` (parallel strategies need a group even alone:
+    FSDP at world size 1), on a TCPStore this process hosts on a port the OS picks (port 0,
+    so no free-port guess can race); else nothing is started. Call it before the `Trainer`:
+    the Trainer agrees on a seed and picks each rank's device when built. This is the one
+    place trainkit reads the environment (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``, or SLURM's); the CLI and trainkit-parallel call it.
 
     Args:
         backend: ``"auto"`` (NCCL when CUDA is available, else gloo), ``"gloo"`` or
@@ -144,7 +150,7 @@ def init_distributed(
 
     Raises:
         ValueError: an unknown backend, NCCL without a CUDA device, a timeout that is not
-            positive, or an incomplete torchrun environment.
+            positive, or an incomplete torchrun or SLURM environment.
     """
     env = os.environ if env is None else env
     backend = _resolve_backend(backend)
@@ -152,7 +158,8 @@ def init_distributed(
     if _dist.is_initialized():
         return False
     began = time.time()
-    if not any(name in env for name in _TORCHRUN_VARS):
+    launcher = _launcher_env(env)
+    if launcher is None:
         if not single_process:
             return False
         # One rank, no launcher: a store on a port the OS picks (no free-port guess to race).
@@ -162,7 +169,7 @@ def init_distributed(
         _dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         _rendezvous[os.getpid()] = (began, time.time())
         return True
-    rank, world_size, local_rank, address, port = _read_env(env)
+    rank, world_size, local_rank, address, port = launcher
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     _dist.init_process_group(
@@ -195,7 +202,7 @@ def get_sampler(
     if is_initialized():
         rank, world_size = get_rank(), get_world_size()
     elif _launched_world_size() > 1:
-        rank, world_size, *_ = _read_env(os.environ)
+        rank, world_size, *_ = _launcher_env(os.environ) or (0, 1)
     else:
         rank, world_size = 0, 1
     return torch.utils.data.DistributedSampler(
@@ -209,16 +216,35 @@ def get_sampler(
 
 
 def _launched_world_size(env: Mapping[str, str] | None = None) -> int:
-    """The world size a launcher (torchrun) set in ``WORLD_SIZE``; 1 without one.
+    """The world size a launcher set (torchrun's ``WORLD_SIZE``, srun's step); 1 without one.
 
     A value that is not a number counts as more than one rank, so that `init_distributed`
     reports it.
     """
     env = os.environ if env is None else env
     try:
-        return int(env.get("WORLD_SIZE", "1"))
+        return int(env["WORLD_SIZE"]) if "WORLD_SIZE" in env else _slurm_tasks(env)
     except ValueError:
         return 2
+
+
+def _launcher_env(env: Mapping[str, str]) -> tuple[int, int, int, str, int] | None:
+    """(rank, world size, local rank, address, port) from torchrun's or srun's variables;
+    None without a multi-rank launcher."""
+    if "RANK" not in env and "WORLD_SIZE" not in env and _slurm_tasks(env) > 1:
+        return _read_slurm_env(env)
+    return _read_env(env) if any(name in env for name in _TORCHRUN_VARS) else None
+
+
+def _slurm_tasks(env: Mapping[str, str]) -> int:
+    """The tasks of this srun step (1 outside one: a batch script's SLURM_NTASKS counts
+    tasks that only an srun would start)."""
+    if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
+        return 1
+    tasks = env["SLURM_STEP_NUM_TASKS"]
+    if not tasks.isdigit():
+        raise ValueError(f"SLURM_STEP_NUM_TASKS must be an integer, got {tasks!r}")
+    return int(tasks)
 
 
 def _resolve_backend(backend: str) -> str:
@@ -268,6 +294,53 @@ def _read_env(env: Mapping[str, str]) -> tuple[int, int, int, str, int]:
     if not 0 <= rank < world_size:
         raise ValueError(f"RANK={rank} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={world_size})")
     return rank, world_size, numbers["LOCAL_RANK"], env["MASTER_ADDR"], numbers["MASTER_PORT"]
+
+
+def _read_slurm_env(env: Mapping[str, str]) -> tuple[int, int, int, str, int]:
+    """(rank, world size, local rank, address, port) in an srun step, one task per process."""
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    needed = {
+        "SLURM_LOCALID": env.get("SLURM_LOCALID"),
+        "SLURM_STEP_NODELIST or SLURM_JOB_NODELIST (or MASTER_ADDR)": env.get("MASTER_ADDR")
+        or nodes,
+        "SLURM_JOB_ID (or MASTER_PORT)": env.get("MASTER_PORT") or env.get("SLURM_JOB_ID"),
+    }
+    missing = [name for name, value in needed.items() if not value]
+    if missing:
+        raise ValueError(
+            f"an srun step of {env['SLURM_STEP_NUM_TASKS']} tasks, but {missing} are not "
+            "set: srun sets them for each task it starts (export MASTER_ADDR and MASTER_PORT "
+            "to choose the address yourself)"
+        )
+    try:
+        rank, local_rank = int(env["SLURM_PROCID"]), int(env["SLURM_LOCALID"])
+        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None
+        port = port or 10000 + int(env["SLURM_JOB_ID"]) % 20000
+    except ValueError:
+        raise ValueError(
+            "SLURM_PROCID, SLURM_LOCALID, SLURM_JOB_ID and MASTER_PORT must be integers, got "
+            f"{[env.get(n) for n in ('SLURM_PROCID', 'SLURM_LOCALID', 'SLURM_JOB_ID', 'MASTER_PORT')]}"
+        ) from None
+    world_size = _slurm_tasks(env)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"SLURM_PROCID={rank} is outside 0..{world_size - 1} (the step's tasks)")
+    return rank, world_size, local_rank, env.get("MASTER_ADDR") or _first_host(nodes or ""), port
+
+
+def _first_host(nodes: str) -> str:
+    """The first host of a SLURM host list: ``"gpu[007-009,12],cpu1"`` -> ``"gpu007"``."""
+    host = ""
+    for part in re.split(r"(\[[^\]]*\])", nodes):
+        if part.startswith("["):
+            host += re.split(r"[,-]", part[1:-1])[0]
+        elif "," in part or "[" in part:
+            host += part.split(",")[0]
+            break
+        else:
+            host += part
+    if not host or "[" in host or "]" in host:
+        raise ValueError(f"SLURM node list {nodes!r} is not a host list like 'node[01-04],gpu7'")
+    return host
 
 
 def _host(address: str) -> str:
