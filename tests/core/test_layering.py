@@ -24,9 +24,11 @@ def test_core_stays_small():
     # users meet in it: the rule that builds a model on the meta device (trainkit.core.meta,
     # issue 53), and config fields filled by position, did-you-mean, other libraries' names
     # answered, warnings at the user's line and the resume a run reports (issue 52). A new
-    # feature of the Trainer still goes to trainkit-trainer.
-    assert lines <= 4750, (
-        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,750"
+    # feature of the Trainer still goes to trainkit-trainer. +7 for
+    # `ParallelStrategy.step_committed` (issue 55): a fault-tolerant strategy's skipped
+    # step must not be counted by the loop, and only the contract can say so to it.
+    assert lines <= 4757, (
+        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,757"
     )
     assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
 
