@@ -3,6 +3,7 @@ torchrun with its own restarts."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -106,3 +107,33 @@ def test_a_group_is_restarted_by_its_own_torchrun_and_a_failed_one_fails_the_lau
     assert lives == ["group0-life0", "group0-life1", "group1-life0", "group1-life1"]
     assert (tmp_path / "group0-life1").read_text() == "http://127.0.0.1:29510"
     assert "[group0 rank0]: group 0 life 1" in out
+
+
+class FakeGroup:
+    """A group's torchrun that ends by itself after ``polls`` polls, or never (None)."""
+
+    def __init__(self, polls: int | None, code: int = 0) -> None:
+        self.polls, self.code, self.signals = polls, code, []
+
+    def poll(self):
+        if self.signals:
+            return -15
+        if self.polls is None:
+            return None
+        self.polls -= 1
+        return self.code if self.polls < 0 else None
+
+    def send_signal(self, signum):
+        self.signals.append(signum)
+
+
+def test_a_group_restarted_after_the_run_ended_is_stopped():
+    done, late = FakeGroup(polls=1), FakeGroup(polls=None)
+    assert _launch_ft.wait_for_groups([done, late], grace=0.0, poll=0.0) == [0, None]
+    assert late.signals == [signal.SIGTERM]
+
+
+def test_groups_are_waited_for_and_a_failure_is_reported():
+    groups = [FakeGroup(polls=3), FakeGroup(polls=2, code=1)]
+    assert _launch_ft.wait_for_groups(groups, grace=60.0, poll=0.0) == [0, 1]
+    assert all(not g.signals for g in groups)

@@ -16,7 +16,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["add_ft_options", "group_commands", "lighthouse_command", "run_groups"]
 
@@ -161,7 +163,7 @@ def run_groups(
     try:
         for extra, command in commands:
             groups.append(subprocess.Popen(command, env={**os.environ, **extra}))
-        codes = [group.wait() for group in groups]
+        codes = wait_for_groups(groups)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -169,12 +171,43 @@ def run_groups(
             lighthouse.terminate()
             lighthouse.wait()
     failed = [
-        f"group {args.ft_first_group + i} (exit {code})" for i, code in enumerate(codes) if code
+        f"group {args.ft_first_group + i} (exit {code})"
+        for i, code in enumerate(codes)
+        if code not in (0, None)
     ]
     if failed:
         print(f"trainkit launch: {', '.join(failed)} failed", file=sys.stderr)
         return 1
     return 0
+
+
+FINISH_GRACE = 120.0
+"""Seconds the other groups get to end once one group has finished the run."""
+
+
+def wait_for_groups(
+    groups: Sequence[Any], grace: float = FINISH_GRACE, poll: float = 0.5
+) -> list[int | None]:
+    """Wait for every group; their exit codes, None for one stopped after the run ended.
+
+    The groups commit the same steps, so one that exits 0 has finished the run. A group
+    still running ``grace`` seconds later is one its torchrun restarted after the others
+    were gone: alone, it would train from its own start again. It gets SIGTERM.
+    """
+    finished_at: float | None = None
+    stopped: set[int] = set()
+    while True:
+        codes = [group.poll() for group in groups]
+        if all(code is not None for code in codes):
+            return [None if i in stopped else code for i, code in enumerate(codes)]
+        if finished_at is None and 0 in codes:
+            finished_at = time.monotonic()
+        if finished_at is not None and time.monotonic() - finished_at > grace:
+            for i, group in enumerate(groups):
+                if codes[i] is None and i not in stopped:
+                    stopped.add(i)
+                    group.send_signal(signal.SIGTERM)
+        time.sleep(poll)
 
 
 def _forwarding(groups: Sequence[subprocess.Popen[bytes]]) -> Callable[[int, object], None]:
