@@ -27,6 +27,8 @@ def test_core_stays_small():
     # feature of the Trainer still goes to trainkit-trainer.
     # +14 (issue 55): `dist.rendezvous_interval`, when `init_distributed` started the group,
     # which the Trainer reports as a part of its restart time wherever the group was started.
+    # +7 (issue 55): `ParallelStrategy.step_committed`: a fault-tolerant strategy's skipped
+    # step must not be counted by the loop, and only the contract can say so to it.
     # +2 (issue 56): the `trainkit.recipes` entry-point group, named with the others.
     # +73 (issue 54): SLURM's srun environment read by init_distributed, the one place
     # trainkit reads the launcher's environment.

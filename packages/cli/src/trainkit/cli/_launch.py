@@ -18,6 +18,8 @@ import argparse
 import os
 import sys
 
+from trainkit.cli import _launch_ft
+
 __all__ = ["FRESH_STORE_PER_ROUND", "LINE_PREFIX", "add_parser", "run", "torchrun_args"]
 
 # Each line a rank prints starts with its global rank. Set through torchrun's environment
@@ -72,6 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "-m", "--module", action="store_true", help="TARGET is a module (python -m)"
     )
+    _launch_ft.add_ft_options(parser)
     parser.add_argument("target", help="a script, a module with -m, or 'train'")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the target")
     parser.set_defaults(handler=run)
@@ -255,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
 
     from trainkit.core import PREEMPTED_EXIT_CODE
 
+    if args.ft_groups:  # replica groups of a fault-tolerant run, each its own torchrun
+        return _launch_ft.run_groups(args, torchrun_args)
     command = torchrun_args(args)
     os.environ.setdefault(*LINE_PREFIX)  # a template the user set wins
     os.environ.setdefault(*FRESH_STORE_PER_ROUND)  # as does the user's choice

@@ -54,6 +54,13 @@ class ParallelStrategy(Configurable, abc.ABC):
         parallel, where a group of ranks shares a batch). Samples and tokens are counted
         with it. Read after `prepare`."""
 
+    @property
+    def step_committed(self) -> bool:
+        """Whether the last optimizer step was taken (default True). A fault-tolerant
+        strategy skips a step that a failed replica did not finish; the loop then does not
+        count it: no timestamp advance, no BATCH_END, and its data comes again."""
+        return True
+
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Skip gradient synchronisation (for all microbatches but the last)."""
         return _NO_SYNC

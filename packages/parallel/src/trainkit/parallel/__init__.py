@@ -1,4 +1,5 @@
-"""trainkit.parallel: DDP, FSDP2, tensor and context parallel, combined on a DeviceMesh.
+"""trainkit.parallel: DDP, FSDP2, tensor and context parallel, combined on a DeviceMesh;
+fault-tolerant data parallel across replica groups on torchft (the ``ft`` extra).
 
 Start the process group first with `trainkit.core.dist.init_distributed`.
 """
@@ -17,7 +18,9 @@ from trainkit.parallel._context_parallel import (
     apply_context_parallel,
 )
 from trainkit.parallel._ddp import DDP, DDPConfig
+from trainkit.parallel._fault_tolerant import FaultTolerant, FaultTolerantConfig
 from trainkit.parallel._fsdp import FSDP, FSDPConfig, mixed_precision_policy
+from trainkit.parallel._ft_data import ReplicaBatches
 from trainkit.parallel._mesh import MESH_DIMS, ParallelDims
 from trainkit.parallel._plans import gpt2_plan, llama_plan
 from trainkit.parallel._styles import (
@@ -43,6 +46,8 @@ __all__ = [
     "ContextParallelConfig",
     "DDPConfig",
     "FSDPConfig",
+    "FaultTolerant",
+    "FaultTolerantConfig",
     "FusedColwiseParallel",
     "MixedPrecisionPolicy",
     "ParallelDims",
@@ -50,6 +55,7 @@ __all__ = [
     "Plan",
     "PrepareModuleInput",
     "PrepareModuleOutput",
+    "ReplicaBatches",
     "RowwiseParallel",
     "SequenceParallel",
     "ShardedAttributes",

@@ -9,6 +9,8 @@ around its own step (see the trainer README: "Your own step on the Trainer's pha
         for batch in epoch_batches(state, engine):  # EPOCH_START, *_DATALOADER
             clock = start_batch(state, engine, batch)   # counts, device, BATCH_START
             ...your forward / backward / optimizer steps, firing the events you support...
+            if not state.parallelism.step_committed:    # a fault-tolerant strategy skipped it
+                continue
             finish_batch(state, engine, clock, loss)    # timestamp, schedulers (per batch), BATCH_END
             engine.run_event(Event.BATCH_CHECKPOINT)
             if state.is_done() or state.stop_requested:

@@ -275,6 +275,8 @@ class Trainer(Configurable, config=TrainerConfig):
             clock = start_batch(state, engine, batch)
             loss = train_batch(state, engine)
             optimizer_step(state)
+            if not state.parallelism.step_committed:
+                continue  # skipped on every replica (fault tolerance): not counted
             finish_batch(state, engine, clock, loss)
             # This rank's own loss: a non-finite one is reported as this rank's.
             preempted = guard.after_batch(state, state.rank_loss)
