@@ -75,6 +75,7 @@ def test_the_lighthouse_started_here_uses_the_port_and_quorum_size_given():
     ("argv", "message"),
     [
         (["--ft-groups", "2", "--nnodes", "2", "--master-addr", "h"], "leave out --nnodes"),
+        (["--ft-groups", "2", "--rdzv-endpoint", "h:29400"], "and --rdzv-endpoint"),
         (["--ft-groups", "-1"], "--ft-groups must be at least 1"),
         (["--ft-groups", "2", "-n", "1", "train", "c.yaml"], "train needs --run-dir DIR"),
     ],

@@ -83,11 +83,11 @@ def group_commands(
             f"--ft-groups must be at least 1 and --ft-first-group at least 0, got "
             f"{args.ft_groups} and {args.ft_first_group}"
         )
-    if args.nnodes != 1 or args.master_addr:
+    if str(args.nnodes) != "1" or args.master_addr or args.rdzv_endpoint:
         raise ValueError(
             "--ft-groups runs each replica group on this node with its own torchrun: leave "
-            "out --nnodes and --master-addr; start `trainkit launch --ft-groups` on every "
-            "node with its own --ft-first-group and one --lighthouse"
+            "out --nnodes, --master-addr and --rdzv-endpoint; start `trainkit launch "
+            "--ft-groups` on every node with its own --ft-first-group and one --lighthouse"
         )
     if args.lighthouse:
         address = args.lighthouse
