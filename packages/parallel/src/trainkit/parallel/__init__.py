@@ -1,4 +1,4 @@
-"""trainkit.parallel: DDP, FSDP2, tensor parallel and their combination on a DeviceMesh.
+"""trainkit.parallel: DDP, FSDP2, tensor and pipeline parallel, combined on one DeviceMesh.
 
 Start the process group first with `trainkit.core.dist.init_distributed`.
 """
@@ -14,6 +14,13 @@ from torch.distributed.tensor.parallel import (
 from trainkit.parallel._ddp import DDP, DDPConfig
 from trainkit.parallel._fsdp import FSDP, FSDPConfig, mixed_precision_policy
 from trainkit.parallel._mesh import MESH_DIMS, ParallelDims
+from trainkit.parallel._pipeline import PipelineParallel, PipelineParallelConfig
+from trainkit.parallel._pipeline_plans import (
+    PipelinePlan,
+    gpt2_pipeline_plan,
+    llama_pipeline_plan,
+    pipeline_plan,
+)
 from trainkit.parallel._plans import gpt2_plan, llama_plan
 from trainkit.parallel._styles import (
     ColwiseParallel,
@@ -40,6 +47,9 @@ __all__ = [
     "MixedPrecisionPolicy",
     "ParallelDims",
     "ParallelStyle",
+    "PipelineParallel",
+    "PipelineParallelConfig",
+    "PipelinePlan",
     "Plan",
     "PrepareModuleInput",
     "PrepareModuleOutput",
@@ -50,7 +60,10 @@ __all__ = [
     "TensorParallelConfig",
     "apply_tensor_parallel",
     "expand_plan",
+    "gpt2_pipeline_plan",
     "gpt2_plan",
+    "llama_pipeline_plan",
     "llama_plan",
     "mixed_precision_policy",
+    "pipeline_plan",
 ]

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -178,6 +179,18 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         check_not_wrapped(state.model, "FSDP")
         dims = self.dims(world_size)
         mesh = dims.build_mesh(state.device.type, world_size)
+        meta = on_meta(state.model)
+        if self.config.sync_module_states and not meta:  # meta: every rank inits the same
+            broadcast_module_states(state.model)
+        self.shard(state, mesh, find_blocks(state.model, self.config.wrap))
+        self._dims = dims
+
+    def shard(
+        self, state: State, mesh: DeviceMesh, blocks: list[nn.Module], root: nn.Module | None = None
+    ) -> None:
+        """Tensor parallel, checkpointing, compile and ``fully_shard`` of ``blocks`` then of
+        ``root`` (default ``state.model``), on ``mesh``'s ``"tensor"`` and data-parallel dims
+        (collective): `prepare`'s work on a mesh built by the caller (pipeline parallel's)."""
         model = state.model
         meta = on_meta(model)
         if meta and self.config.tensor_parallel is not None:
@@ -185,14 +198,12 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
                 "FSDP(tensor_parallel=...) cannot take a model on the meta device yet; build "
                 "the model on a real device, or drop tensor_parallel"
             )
-        if self.config.sync_module_states and not meta:  # meta: every rank inits the same
-            broadcast_module_states(model)
         if self.config.tensor_parallel is not None:
             apply_tensor_parallel(model, self.config.tensor_parallel.config.plan, mesh["tensor"])
-        blocks = find_blocks(model, self.config.wrap)
         apply_activation_checkpointing(model, self.config.activation_checkpointing, blocks)
         apply_compile(blocks, model, self.config.compile)
-        data_mesh = mesh["shard"] if dims.replicate == 1 else mesh["replicate", "shard"]
+        replicas = mesh["replicate"].size()
+        data_mesh = mesh["shard"] if replicas == 1 else mesh["replicate", "shard"]
         options: dict[str, Any] = {
             "mesh": data_mesh,
             "mp_policy": mixed_precision_policy(self.config.mixed_precision, state.precision),
@@ -206,8 +217,8 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         if meta:
             materialize(model, state.device, state.seed, skip=blocks)
         # None lets FSDP keep the root gathered after forward: backward needs it first.
-        fully_shard(model, reshard_after_forward=self.config.reshard_after_forward, **options)
-        self._dims = dims
+        root = model if root is None else root
+        fully_shard(root, reshard_after_forward=self.config.reshard_after_forward, **options)
         self._blocks = blocks
 
     def compile(self, model: nn.Module, options: Mapping[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""`ParallelDims`: how the ranks split into replicate x shard x tensor, and its `DeviceMesh`."""
+"""`ParallelDims`: how the ranks split into pipeline x replicate x shard x tensor, and its
+`DeviceMesh`."""
 
 from __future__ import annotations
 
@@ -10,22 +11,27 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 __all__ = ["MESH_DIMS", "ParallelDims"]
 
-MESH_DIMS = ("replicate", "shard", "tensor")
+MESH_DIMS = ("pipeline", "replicate", "shard", "tensor")
 """Names of the mesh dimensions, outermost first: ranks next to each other share a tensor-
-parallel group (the fastest links), then a shard group, then the replicas."""
+parallel group (the fastest links), then a shard group, then the replicas, then the
+pipeline stages (which exchange only activations, point to point)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
     """Degrees of each kind of parallelism; they multiply to the world size.
 
-    Rank ``r`` sits at mesh coordinate ``(r // (shard * tensor), r // tensor % shard,
-    r % tensor)``. One degree may be -1: it takes whatever the others leave.
+    Rank ``r`` sits at mesh coordinate ``(r // (replicate * shard * tensor), ...,
+    r // tensor % shard, r % tensor)``, the last dimension varying fastest. One degree may
+    be -1: it takes whatever the others leave.
 
     Example: 8 GPUs as 2 replicas of a model sharded over 2 ranks, each rank holding half
     of every layer (tensor parallel 2): ``ParallelDims(replicate=2, shard=2, tensor=2)``.
     """
 
+    pipeline: int = 1
+    """Pipeline stages: each rank of a pipeline group holds a slice of the model's layers,
+    and the group reads one batch (pipeline parallel)."""
     replicate: int = 1
     """Data-parallel replicas: parameters copied, gradients all-reduced (HSDP's outer dim)."""
     shard: int = -1
@@ -81,11 +87,22 @@ class ParallelDims:
         return self.replicate * self.shard
 
     def data_parallel_rank(self, rank: int) -> int:
-        """Which slice of the data global ``rank`` reads (ranks in a tensor group read the same)."""
-        return rank // self.tensor
+        """Which slice of the data global ``rank`` reads: ranks that differ only in their
+        pipeline stage or in the dims inside ``shard`` (tensor) read the same slice.
+
+        Raises:
+            ValueError: a degree is still -1 (`resolve` first).
+        """
+        degrees = self.as_dict()
+        if -1 in degrees.values():
+            raise ValueError(
+                f"data_parallel_rank needs resolved degrees, got {self}; resolve first"
+            )
+        inside = MESH_DIMS[MESH_DIMS.index("shard") + 1 :]  # ranks that share one slice
+        return rank // math.prod(degrees[name] for name in inside) % self.data_parallel
 
     def build_mesh(self, device_type: str, world_size: int) -> DeviceMesh:
-        """The 3-D ``DeviceMesh`` over every rank, dims named `MESH_DIMS` (collective)."""
+        """The ``DeviceMesh`` over every rank, dims named `MESH_DIMS` (collective)."""
         dims = self.resolve(world_size)
         shape = tuple(dims.as_dict().values())
         return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
