@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+import torch.distributed.pipelining  # once here, not in each forked rank
 
 from multirank import run_ranks
 from parallel.helpers import (
@@ -78,22 +79,31 @@ def _assert_equal(a, b):
     assert not different, different
 
 
+def _one_process(rank, world, source, target):
+    # One process (a 1-rank child: one thread, as the stages have) loads the 2 stages'
+    # checkpoint, trains one more batch and saves it for the stages to load back.
+    single = _single(batches=2)
+    _load_quietly(single.state, source)
+    loaded, batch = to_bytes(_tensors(single.state)), int(single.state.timestamp.batch)
+    single.fit(duration="1ba")
+    save_checkpoint(single.state, target)
+    return loaded, batch, to_bytes(_tensors(single.state))
+
+
 def test_two_stage_checkpoint_loads_in_one_process_and_back(tmp_path):
     import_transformers()
     saved = {}
     for blob in run_ranks(_save_on_two_stages, 2, str(tmp_path / "pp2")):
         saved.update(from_bytes(blob))
-    single = _single(batches=2)
-    _load_quietly(single.state, tmp_path / "pp2")
-    _assert_equal(_tensors(single.state), saved)  # bitwise, moments and steps included
-    assert int(single.state.timestamp.batch) == 2
-
-    single.fit(duration="1ba")  # one more step, then back onto two stages
-    save_checkpoint(single.state, tmp_path / "one")
-    loaded = {}
+    ((loaded, batch, trained),) = run_ranks(
+        _one_process, 1, str(tmp_path / "pp2"), str(tmp_path / "one")
+    )
+    _assert_equal(from_bytes(loaded), saved)  # bitwise, moments and steps included
+    assert batch == 2
+    back = {}
     for blob in run_ranks(_load_on_two_stages, 2, str(tmp_path / "one")):
-        loaded.update(from_bytes(blob))
-    _assert_equal(loaded, _tensors(single.state))
+        back.update(from_bytes(blob))
+    _assert_equal(back, from_bytes(trained))
 
 
 class KillAt(Callback):
@@ -110,7 +120,7 @@ class KillAt(Callback):
 def _run(rank, world, folder, kill_at=None):
     callbacks = [KillAt(kill_at)] if kill_at is not None else []
     trainer = _pipeline(
-        rank, world, batches=4, callbacks=callbacks, save_folder=folder, save_interval="2ba",
+        rank, world, batches=3, callbacks=callbacks, save_folder=folder, save_interval="2ba",
         autoresume=True, run_name="pp",
     )  # fmt: skip
     resumed_at = int(trainer.state.timestamp.batch)
@@ -147,6 +157,15 @@ def _load_weights(rank, world, folder, fsdp):
     return to_bytes(stage_weights(trainer.state.model))
 
 
+def _one_process_3d(rank, world, folder):
+    single = _single(batches=2, callbacks=[LossLog()], optimizer="sgd")
+    single.fit()
+    fresh = _single(batches=2, optimizer="sgd")
+    _load_quietly(fresh.state, folder)
+    trained = to_bytes(full_weights(single.state.model))
+    return trained, single.state.callbacks[0].losses, to_bytes(stage_weights(fresh.state.model))
+
+
 def test_fsdp_tp_pp_trains_like_one_process_and_loads_on_1_2_and_4_ranks(tmp_path):
     # 8 ranks: 2 pipeline stages x 2 FSDP shards x 2 tensor-parallel ranks.
     import_transformers()
@@ -155,17 +174,13 @@ def test_fsdp_tp_pp_trains_like_one_process_and_loads_on_1_2_and_4_ranks(tmp_pat
     weights = {}
     for blob, _ in ranks:
         weights.update(from_bytes(blob))
-    single = _single(batches=2, callbacks=[LossLog()], optimizer="sgd")
-    single.fit()
-    reference = full_weights(single.state.model)
+    ((reference, reference_losses, loaded),) = run_ranks(_one_process_3d, 1, folder)
+    reference = from_bytes(reference)
     assert weights.keys() == reference.keys()
     assert max((weights[k] - reference[k]).abs().max().item() for k in weights) < 1e-5
     for _, losses in ranks:  # every rank reports the batch's loss
-        assert losses == pytest.approx(single.state.callbacks[0].losses, abs=1e-5)
-
-    fresh = _single(batches=2, optimizer="sgd")
-    _load_quietly(fresh.state, folder)
-    _assert_equal(stage_weights(fresh.state.model), weights)  # 1 process, bitwise
+        assert losses == pytest.approx(reference_losses, abs=1e-5)
+    _assert_equal(from_bytes(loaded), weights)  # 1 process, bitwise
     for world, fsdp in ((2, False), (4, True)):  # 2 stages; 2 stages x 2 shards
         loaded = {}
         for blob in run_ranks(_load_weights, world, folder, fsdp):
