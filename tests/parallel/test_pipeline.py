@@ -1,7 +1,8 @@
 """Pipeline parallel on 2 gloo ranks (and with FSDP on 4) against one process."""
 
 import pytest
-import torch.distributed.pipelining  # noqa: F401  (once here, not in each forked rank)
+import torch
+import torch.distributed.pipelining
 
 from multirank import run_ranks
 from parallel.helpers import (
@@ -38,6 +39,13 @@ BLOCKS_PLAN = PipelinePlan(
 
 def four_blocks() -> Blocks:
     return Blocks(depth=4)
+
+
+def untied_gpt2():
+    model = gpt2()
+    model.model.lm_head.weight = torch.nn.Parameter(model.model.lm_head.weight.detach().clone())
+    model.model.config.tie_word_embeddings = False
+    return model
 
 
 def _pipeline_run(rank, world, strategy, make_model, data_world=1, **kwargs):
@@ -85,6 +93,7 @@ CASES = {
         four_blocks,
     ),
     "llama, 1f1b": (lambda: PipelineParallel(plan="llama"), llama),
+    "gpt2, 1f1b": (lambda: PipelineParallel(plan="gpt2"), untied_gpt2),
 }
 
 
@@ -101,7 +110,7 @@ def _runs(rank, world):
         )
         results[name] = (weights, losses, counted)
     # Evaluation and prediction run the pipeline forward; every rank gets the outputs.
-    evaluated = trainer.eval(eval_dataloader=loader(Tokens(16), 0, 1))  # llama
+    evaluated = trainer.eval(eval_dataloader=loader(Tokens(16), 0, 1))  # gpt2
     evaluated = {k: float(v) for k, v in evaluated.items()}
     (predicted,) = trainer.predict(loader(Tokens(16), 0, 1))
     evaluated["logits"] = to_bytes(predicted.logits)
@@ -124,10 +133,11 @@ def test_two_stages_train_like_one_process():
         assert (from_bytes(evaluated.pop("logits")) - logits).abs().max() < 1e-5
         assert len(evaluated) == 2  # cross-entropy and perplexity
         assert evaluated == pytest.approx(expected, abs=1e-5)
-    # Stage 0 keeps the embedding and layer 0, stage 1 layer 1, the norm and the head.
+    # Stage 0 keeps the embeddings and block 0, stage 1 block 1, the final norm and the head.
     first, last = ranks[0][2], ranks[1][2]
-    assert "model.model.embed_tokens.weight" in first and "model.lm_head.weight" in last
-    assert not any(".layers.1." in n for n in first) and not any(".layers.0." in n for n in last)
+    assert "model.transformer.wte.weight" in first and "model.lm_head.weight" in last
+    assert "model.transformer.ln_f.weight" in last and "model.transformer.wpe.weight" in first
+    assert not any(".h.1." in n for n in first) and not any(".h.0." in n for n in last)
 
 
 class ScaleLoss(Algorithm):
