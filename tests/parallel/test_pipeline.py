@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-import torch.distributed.pipelining
+import torch.distributed.pipelining  # once here, not in each forked rank
 
 from multirank import run_ranks
 from parallel.helpers import (
