@@ -160,6 +160,10 @@ def _refusals(rank, world):
         "microbatches": lambda: make_trainer(
             PipelineParallel(plan=BLOCKS_PLAN), rank, world, tensor=world
         ),
+        "auto": lambda: make_trainer(
+            PipelineParallel(plan=BLOCKS_PLAN), rank, world, tensor=world,
+            device_train_microbatch_size="auto",
+        ),
         "tied": lambda: make_trainer(
             PipelineParallel(plan="gpt2"), rank, world, model=gpt2, tensor=world, **MICROBATCH
         ),
@@ -182,6 +186,10 @@ def test_what_cannot_work_under_pipeline_parallel_is_refused():
         in (messages["algorithm"])
     )
     assert "PipelineParallel needs device_train_microbatch_size" in messages["microbatches"]
+    assert (
+        "cannot search the microbatch size (device_train_microbatch_size='auto')"
+        in (messages["auto"])
+    )
     assert "are one tensor (tied weights) used by different pipeline stages" in messages["tied"]
     assert "'model.transformer.wte.weight'" in messages["tied"]
 
