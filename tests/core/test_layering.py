@@ -1,5 +1,5 @@
 """trainkit-core stays the small contract it promises: no import cycle among its modules (at
-module level or inside a function; type-only imports may point back), at most 4,823 lines
+module level or inside a function; type-only imports may point back), at most 4,843 lines
 of source and 35 top-level names, used by the other packages through its public names
 only. (import-linter checks that it imports no sibling.)"""
 
@@ -32,8 +32,10 @@ def test_core_stays_small():
     # +2 (issue 56): the `trainkit.recipes` entry-point group, named with the others.
     # +73 (issue 54): SLURM's srun environment read by init_distributed, the one place
     # trainkit reads the launcher's environment.
-    assert lines <= 4837, (
-        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,837"
+    # +16 (issue 54): `ParallelStrategy.runs_forward_backward` / `forward_backward`, so a
+    # pipeline schedule (forward and backward together) runs the step's microbatches.
+    assert lines <= 4843, (
+        f"trainkit-core has {lines} lines of source; the contract keeps it <= 4,843"
     )
     assert len(trainkit.core.__all__) <= 35, sorted(trainkit.core.__all__)
 

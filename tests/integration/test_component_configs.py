@@ -59,6 +59,7 @@ NO_TRAINER = {
     "trainkit.parallel:ddp": "preparing a strategy needs a process group",
     "trainkit.parallel:fsdp": "preparing a strategy needs a process group",
     "trainkit.parallel:tensor_parallel": "preparing a strategy needs a process group",
+    "trainkit.parallel:pipeline_parallel": "preparing a strategy needs a process group",
 }
 
 # Components whose Trainer needs another model than the small classifier, with the reason.

@@ -343,3 +343,29 @@ def assert_close(runs: dict[str, Any], references: dict[str, Any], tolerance: fl
     differences = {name: max_difference(runs[name], references[name]) for name in runs}
     far = {name: d for name, d in differences.items() if d > tolerance}
     assert not far, f"runs differ from one process by more than {tolerance}: {far}"
+
+
+def stage_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's parameters, whole: under pipeline parallel, its stages' (collective
+    within each FSDP / tensor-parallel group)."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for name, p in model.named_parameters()
+    }
+
+
+def pipeline_with_fsdp(rank: int, tensor: int = 1, batches: int = 2, **kwargs: Any) -> Trainer:
+    """A 2-stage Llama run, each stage sharded over 2 ranks (x ``tensor`` with TP)."""
+    from trainkit.parallel import FSDP, PipelineParallel, TensorParallel, llama_plan
+
+    fsdp = FSDP()
+    if tensor > 1:
+        fsdp = FSDP(tensor_parallel=TensorParallel(plan=llama_plan(), degree=tensor))
+    strategy = PipelineParallel(plan="llama", degree=2, fsdp=fsdp)
+    # rank = (p * S + s) * T + t: the 2 shard ranks of a stage read the 2 data slices.
+    return make_trainer(
+        strategy, rank // tensor % 2, 2, model=llama, tensor=1, batches=batches,
+        device_train_microbatch_size=4, **kwargs,
+    )  # fmt: skip

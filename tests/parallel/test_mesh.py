@@ -18,7 +18,8 @@ def test_degrees_that_do_not_multiply_to_the_world_size():
     with pytest.raises(ValueError) as caught:
         ParallelDims(replicate=3, shard=1, tensor=1).resolve(4)
     assert str(caught.value) == (
-        "ParallelDims replicate=3 x shard=1 x context=1 x tensor=1 = 3 ranks, but the world "
+        "ParallelDims pipeline=1 x replicate=3 x shard=1 x context=1 x tensor=1 = 3 ranks, but "
+        "the world "
         "size is 4; "
         "the degrees must multiply to the world size (each degree must be one of [1, 2, 4])"
     )
@@ -42,7 +43,7 @@ def _mesh(rank, world):
 def test_mesh_puts_tensor_parallel_ranks_next_to_each_other():
     results = run_ranks(_mesh, 4)
     assert {names for names, _, _ in results} == {MESH_DIMS}
-    assert {shape for _, shape, _ in results} == {(2, 1, 1, 2)}
+    assert {shape for _, shape, _ in results} == {(1, 2, 1, 1, 2)}
     assert [coordinate for _, _, coordinate in results] == [
-        (0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1),
+        (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 1, 0, 0, 0), (0, 1, 0, 0, 1),
     ]  # fmt: skip

@@ -158,6 +158,7 @@ def _load_folder(
         template, reader, strict and not any(k.startswith("model/") for k in ignored), where
     )
     wanted = set(template.get("model", {}))
+    own_groups = _param_group_names(template)
     full = {"state": template}
     restore = split_blocks(full)
     with single_process_is_intended(), plain_errors(f"loading {where}"):
@@ -170,6 +171,7 @@ def _load_folder(
             )
         finally:
             restore(full)  # the DTensors, now holding what their blocks loaded
+    _restore_param_group_names(full["state"], own_groups)
     if edit is not None:
         edit(full)
         kept = full.get("state", {}).get("model", {})
@@ -179,6 +181,26 @@ def _load_folder(
             warnings.simplefilter("ignore")
         state.load_state_dict(full.get("state", {}), strict=strict and not ignored)
     return manifest
+
+
+def _param_group_names(template: dict[str, Any]) -> list[list[list[str]]]:
+    """This rank's parameter names in each optimizer's groups (``params``, by name)."""
+    return [
+        [list(group.get("params", ())) for group in optimizer.get("param_groups", ())]
+        for optimizer in template.get("optimizers", ())
+        if isinstance(optimizer, dict)
+    ]
+
+
+def _restore_param_group_names(state: dict[str, Any], names: list[list[list[str]]]) -> None:
+    # A value every rank saves under one key is written once, by one rank: when the ranks
+    # hold different parameters (pipeline stages), a group's ``params`` list is another
+    # rank's. Each rank's groups name its own parameters; the hyperparameters are loaded.
+    for optimizer, groups in zip(state.get("optimizers", ()), names, strict=False):
+        loaded = optimizer.get("param_groups", ()) if isinstance(optimizer, dict) else ()
+        if len(loaded) == len(groups):
+            for group, params in zip(loaded, groups, strict=True):
+                group["params"] = params
 
 
 def _copied(tree: Any) -> Any:
@@ -200,7 +222,8 @@ def _check_model_keys(
         if k.startswith("state.model.")
     }
     flat, _ = flatten_state_dict({"state": {"model": template.get("model", {})}})
-    wanted = {k.removeprefix("state.model.") for k in flat}
+    # Pipeline stages hold different parameters: the run's names are every rank's.
+    wanted = set().union(*dist.all_gather_object({k.removeprefix("state.model.") for k in flat}))
     missing, unexpected = sorted(wanted - saved), sorted(saved - wanted)
     if (missing and strict) or (unexpected and strict):
         raise CheckpointError(

@@ -13,6 +13,9 @@ from trainkit.core import dist
 from trainkit.core.config import Configurable
 
 if TYPE_CHECKING:
+    import torch
+
+    from trainkit.core._engine import Engine
     from trainkit.core._precision import Precision
     from trainkit.core._state import State
 
@@ -42,6 +45,19 @@ class ParallelStrategy(Configurable, abc.ABC):
     """True for strategies that take a model on the meta device and allocate and initialise
     it part by part where its shards live (FSDP, with `trainkit.core.meta.materialize`); for
     the others the run materialises the whole model on ``state.device`` first."""
+
+    runs_forward_backward: ClassVar[bool] = False
+    """True for strategies whose forward and backward run together (pipeline parallel's
+    schedule): the step then calls `forward_backward` instead of its own per microbatch."""
+
+    def forward_backward(
+        self, state: State, engine: Engine, microbatches: list, weights: list, share: Any
+    ) -> torch.Tensor:
+        """For a strategy that `runs_forward_backward`: forward, loss and backward of
+        ``microbatches`` (each loss times its ``weights`` entry unless None, and times
+        ``share`` in backward unless None), firing the events it supports; returns the
+        weighted loss of ``state.batch``, the same on every rank that read it."""
+        raise NotImplementedError(f"{type(self).__name__} does not run forward_backward")
 
     @abc.abstractmethod
     def prepare(self, state: State) -> None:

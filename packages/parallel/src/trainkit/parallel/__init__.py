@@ -1,5 +1,5 @@
-"""trainkit.parallel: DDP, FSDP2, tensor and context parallel, combined on a DeviceMesh;
-fault-tolerant data parallel across replica groups on torchft (the ``ft`` extra).
+"""trainkit.parallel: DDP, FSDP2, tensor, context and pipeline parallel, combined on one
+DeviceMesh; fault-tolerant data parallel across replica groups on torchft (the ``ft`` extra).
 
 Start the process group first with `trainkit.core.dist.init_distributed`.
 """
@@ -22,6 +22,13 @@ from trainkit.parallel._fault_tolerant import FaultTolerant, FaultTolerantConfig
 from trainkit.parallel._fsdp import FSDP, FSDPConfig, mixed_precision_policy
 from trainkit.parallel._ft_data import ReplicaBatches
 from trainkit.parallel._mesh import MESH_DIMS, ParallelDims
+from trainkit.parallel._pipeline import PipelineParallel, PipelineParallelConfig
+from trainkit.parallel._pipeline_plans import (
+    PipelinePlan,
+    gpt2_pipeline_plan,
+    llama_pipeline_plan,
+    pipeline_plan,
+)
 from trainkit.parallel._plans import gpt2_plan, llama_plan
 from trainkit.parallel._styles import (
     ColwiseParallel,
@@ -52,6 +59,9 @@ __all__ = [
     "MixedPrecisionPolicy",
     "ParallelDims",
     "ParallelStyle",
+    "PipelineParallel",
+    "PipelineParallelConfig",
+    "PipelinePlan",
     "Plan",
     "PrepareModuleInput",
     "PrepareModuleOutput",
@@ -64,7 +74,10 @@ __all__ = [
     "apply_context_parallel",
     "apply_tensor_parallel",
     "expand_plan",
+    "gpt2_pipeline_plan",
     "gpt2_plan",
+    "llama_pipeline_plan",
     "llama_plan",
     "mixed_precision_policy",
+    "pipeline_plan",
 ]

@@ -193,11 +193,34 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         return _hybrid_dims(replicate, shard, data, within, world_size)
 
     def prepare(self, state: State) -> None:
-        """Apply tensor parallel, checkpointing, compile and FSDP in that order (collective)."""
+        """Apply tensor parallel, checkpointing, compile, FSDP and context parallel in that
+        order (collective)."""
         world_size = require_process_group("FSDP")
         check_not_wrapped(state.model, "FSDP")
         dims = self.dims(world_size)
         mesh = dims.build_mesh(state.device.type, world_size)
+        model = state.model
+        if self.config.context_parallel is not None:
+            _check_no_train_metrics(model)
+        if self.config.sync_module_states and not on_meta(model):  # meta: every rank inits the same
+            broadcast_module_states(model)
+        self.shard(state, mesh, dims, find_blocks(model, self.config.wrap))
+        if self.config.context_parallel is not None:
+            apply_context_parallel(model, mesh["context"], self.config.context_parallel.config)
+        self._dims = dims
+
+    def shard(
+        self,
+        state: State,
+        mesh: DeviceMesh,
+        dims: ParallelDims,
+        blocks: list[nn.Module],
+        root: nn.Module | None = None,
+    ) -> None:
+        """Tensor parallel, checkpointing, compile and ``fully_shard`` of ``blocks`` then of
+        ``root`` (default ``state.model``), on ``mesh``'s ``"tensor"`` and data-parallel dims
+        of ``dims`` (collective): `prepare`'s work on a mesh built by the caller (pipeline
+        parallel's)."""
         model = state.model
         meta = on_meta(model)
         if meta and self.config.tensor_parallel is not None:
@@ -205,13 +228,8 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
                 "FSDP(tensor_parallel=...) cannot take a model on the meta device yet; build "
                 "the model on a real device, or drop tensor_parallel"
             )
-        if self.config.context_parallel is not None:
-            _check_no_train_metrics(model)
-        if self.config.sync_module_states and not meta:  # meta: every rank inits the same
-            broadcast_module_states(model)
         if self.config.tensor_parallel is not None:
             apply_tensor_parallel(model, self.config.tensor_parallel.config.plan, mesh["tensor"])
-        blocks = find_blocks(model, self.config.wrap)
         apply_activation_checkpointing(model, self.config.activation_checkpointing, blocks)
         apply_compile(blocks, model, self.config.compile)
         options: dict[str, Any] = {
@@ -227,10 +245,8 @@ class FSDP(ParallelStrategy, config=FSDPConfig):
         if meta:
             materialize(model, state.device, state.seed, skip=blocks)
         # None lets FSDP keep the root gathered after forward: backward needs it first.
-        fully_shard(model, reshard_after_forward=self.config.reshard_after_forward, **options)
-        if self.config.context_parallel is not None:
-            apply_context_parallel(model, mesh["context"], self.config.context_parallel.config)
-        self._dims = dims
+        root = model if root is None else root
+        fully_shard(root, reshard_after_forward=self.config.reshard_after_forward, **options)
         self._blocks = blocks
 
     def compile(self, model: nn.Module, options: Mapping[str, Any]) -> None:

@@ -1,5 +1,5 @@
-"""`ParallelDims`: how the ranks split into replicate x shard x context x tensor, and its
-`DeviceMesh`."""
+"""`ParallelDims`: how the ranks split into pipeline x replicate x shard x context x tensor,
+and its `DeviceMesh`."""
 
 from __future__ import annotations
 
@@ -11,24 +11,28 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 __all__ = ["MESH_DIMS", "ParallelDims"]
 
-MESH_DIMS = ("replicate", "shard", "context", "tensor")
+MESH_DIMS = ("pipeline", "replicate", "shard", "context", "tensor")
 """Names of the mesh dimensions, outermost first: ranks next to each other share a tensor-
 parallel group (the fastest links), then a context-parallel group, then a shard group, then
-the replicas."""
+the replicas, then the pipeline stages (which exchange only activations, point to point)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
     """Degrees of each kind of parallelism; they multiply to the world size.
 
-    Rank ``r`` sits at mesh coordinate ``(r // (shard * context * tensor),
-    r // (context * tensor) % shard, r // tensor % context, r % tensor)``. One degree may
+    Rank ``r`` sits at mesh coordinate ``(r // (replicate * shard * context * tensor),
+    r // (shard * context * tensor) % replicate, r // (context * tensor) % shard,
+    r // tensor % context, r % tensor)``, the last dimension varying fastest. One degree may
     be -1: it takes whatever the others leave.
 
     Example: 8 GPUs as 2 replicas of a model sharded over 2 ranks, each rank holding half
     of every layer (tensor parallel 2): ``ParallelDims(replicate=2, shard=2, tensor=2)``.
     """
 
+    pipeline: int = 1
+    """Pipeline stages: each rank of a pipeline group holds a slice of the model's layers,
+    and the group reads one batch (pipeline parallel)."""
     replicate: int = 1
     """Data-parallel replicas: parameters copied, gradients all-reduced (HSDP's outer dim)."""
     shard: int = -1
@@ -88,8 +92,9 @@ class ParallelDims:
         return self.replicate * self.shard
 
     def data_parallel_rank(self, rank: int) -> int:
-        """Which slice of the data global ``rank`` reads: ranks in one context or tensor group
-        read the same (its index among the ``data_parallel`` slices)."""
+        """Which slice of the data global ``rank`` reads: ranks that differ only in their
+        pipeline stage or their place in a context or tensor group read the same (its index
+        among the ``data_parallel`` slices)."""
         self._check_resolved("data_parallel_rank")
         return rank // (self.context * self.tensor) % self.data_parallel
 

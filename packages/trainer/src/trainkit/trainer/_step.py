@@ -43,7 +43,8 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     ran out of memory (`settle`: one collective per call when no rank did), so that all
     can retry together (`train_batch`).
     Gradient synchronisation is skipped (``parallelism.no_sync``) for all but the last
-    microbatch.
+    microbatch. A strategy that `runs_forward_backward` (pipeline parallel) runs the
+    microbatches' forward and backward itself, with the events it documents.
     ``state.outputs`` is set to None after AFTER_LOSS unless a registered component
     declares ``needs_outputs`` (`Engine.outputs_needed`), so the model's outputs are freed
     before backward. The data's ``microbatch_transforms`` is applied to each microbatch.
@@ -54,7 +55,8 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     model = state.model
     unwrapped = state.parallelism.unwrap(model)
     microbatches = _split(state, batch) if state.device_train_microbatch_size else None
-    if microbatches is not None and len(microbatches) > 1:
+    pipelined = state.parallelism.runs_forward_backward
+    if microbatches is not None and (len(microbatches) > 1 or pipelined):
         weights = microbatch_weights(unwrapped, data, microbatches)
     else:
         microbatches = None  # the whole batch at once: no loop (this runs every step)
@@ -68,7 +70,14 @@ def run_microbatches(state: State, engine: Engine) -> torch.Tensor:
     transform = data.microbatch_transforms
     failed: torch.OutOfMemoryError | None = None
     try:
-        if microbatches is None:
+        if pipelined:  # the strategy's schedule runs every microbatch's forward and backward
+            parts = microbatches or [batch]
+            if transform is not None:
+                parts = [transform(part) for part in parts]
+            total = state.parallelism.forward_backward(
+                state, engine, parts, weights if microbatches else [None], share
+            )
+        elif microbatches is None:
             if transform is not None:
                 state.batch = transform(batch)
             total = _forward_backward(state, engine, model, unwrapped, autocast, None, share)
