@@ -21,6 +21,8 @@ NAMES = [name for name, _ in STRATEGIES]
 
 REQUIRED = {"plan": {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}}
 """Values for fields without a default."""
+REQUIRED_BY = {"pipeline_parallel": {"plan": "llama"}}
+"""Where one strategy's field of the same name takes another kind of value."""
 EXAMPLES = {
     "sync": "forced",
     "find_unused_parameters": True,
@@ -28,20 +30,29 @@ EXAMPLES = {
     "cpu_offload": True,
     "sync_module_states": False,
     "degree": 2,
+    "min_replicas": 2,
 }
 """A valid value, other than the default, for fields the equivalence tests set."""
 
 
-def _required(config_class):
+def _required(config_class, name=None):
+    required = {**REQUIRED, **REQUIRED_BY.get(name, {})}
     return {
-        f.name: REQUIRED[f.name]
+        f.name: required[f.name]
         for f in dataclasses.fields(config_class)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     }
 
 
 def test_the_package_registers_its_strategies():
-    assert NAMES == ["context_parallel", "ddp", "fsdp", "tensor_parallel"]
+    assert NAMES == [
+        "context_parallel",
+        "ddp",
+        "fault_tolerant",
+        "fsdp",
+        "pipeline_parallel",
+        "tensor_parallel",
+    ]
 
 
 @pytest.mark.parametrize(("name", "cls"), STRATEGIES, ids=NAMES)
@@ -58,7 +69,7 @@ def test_every_config_field_is_documented(name, cls):
 @pytest.mark.parametrize(("name", "cls"), STRATEGIES, ids=NAMES)
 def test_config_and_keyword_arguments_build_the_same_strategy(name, cls):
     config_class = cls.config_class
-    required = _required(config_class)
+    required = _required(config_class, name)
     examples = {f.name: EXAMPLES[f.name] for f in settings(config_class) if f.name in EXAMPLES}
     assert examples, f"give EXAMPLES a value for one of {config_class.__name__}'s fields"
 
@@ -75,7 +86,7 @@ def test_config_and_keyword_arguments_build_the_same_strategy(name, cls):
 
 @pytest.mark.parametrize(("name", "cls"), STRATEGIES, ids=NAMES)
 def test_unknown_options_and_positional_values_are_refused(name, cls):
-    required = _required(cls.config_class)
+    required = _required(cls.config_class, name)
     close = "did you mean 'sharding'" if name == "fsdp" else "its fields: "
     with pytest.raises(TypeError, match=rf"has no field 'shardng'; {close}"):
         cls(**required, shardng="full")

@@ -265,8 +265,8 @@ def test_degrees_and_options_that_do_not_fit():
     with pytest.raises(ValueError) as caught:
         ParallelDims(replicate=1, shard=2, context=2, tensor=1).resolve(8)
     assert str(caught.value) == (
-        "ParallelDims replicate=1 x shard=2 x context=2 x tensor=1 = 4 ranks, but the world "
-        "size is 8; the degrees must multiply to the world size (each degree must be one of "
+        "ParallelDims pipeline=1 x replicate=1 x shard=2 x context=2 x tensor=1 = 4 ranks, but "
+        "the world size is 8; the degrees must multiply to the world size (each degree must be one of "
         "[1, 2, 4, 8])"
     )
     with pytest.raises(ValueError, match=r"degree 3 x tensor-parallel degree 1 = 3 does not"):

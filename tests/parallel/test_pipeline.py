@@ -212,12 +212,12 @@ def test_pipeline_config_errors():
 
 
 def test_pipeline_ranks_read_the_same_data():
-    # rank = ((p * R + r) * S + s) * T + t; the data slice is (r * S + s).
+    # rank = (((p * R + r) * S + s) * C + c) * T + t; the data slice is (r * S + s).
     dims = ParallelDims(pipeline=2, replicate=1, shard=2, tensor=2)
     assert [dims.data_parallel_rank(rank) for rank in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
     dims = ParallelDims(pipeline=2, replicate=2, shard=1, tensor=1)
     assert [dims.data_parallel_rank(rank) for rank in range(4)] == [0, 1, 0, 1]
-    with pytest.raises(ValueError, match="needs resolved degrees"):
+    with pytest.raises(ValueError, match="needs every degree"):
         ParallelDims(pipeline=2).data_parallel_rank(0)
 
 

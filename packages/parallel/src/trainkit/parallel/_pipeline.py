@@ -18,7 +18,15 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from trainkit.core import Callback, Engine, Event, ParallelStrategy, State, rebind_optimizers
+from trainkit.core import (
+    Callback,
+    Engine,
+    Event,
+    ParallelStrategy,
+    State,
+    dist,
+    rebind_optimizers,
+)
 from trainkit.core.config import primary, slot
 from trainkit.parallel._common import (
     broadcast_module_states,
@@ -132,7 +140,9 @@ class PipelineParallel(ParallelStrategy, config=PipelineParallelConfig):
     def data_parallel_size(self) -> int:
         """Pipeline groups times FSDP's data-parallel ranks (every stage of a group reads
         the same batch)."""
-        dims = self._dims or self.dims(tdist.get_world_size())
+        if self._dims is None and dist.get_world_size() == 1:
+            return 1  # one process, no group yet: one stream of data
+        dims = self._dims or self.dims(dist.get_world_size())
         return dims.data_parallel
 
     @property
