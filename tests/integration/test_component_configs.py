@@ -57,6 +57,7 @@ NOT_FROM_YAML: dict[str, str] = {}
 NO_TRAINER = {
     "trainkit.parallel:context_parallel": "preparing a strategy needs a process group",
     "trainkit.parallel:ddp": "preparing a strategy needs a process group",
+    "trainkit.parallel:fault_tolerant": "preparing a strategy needs torchft's lighthouse",
     "trainkit.parallel:fsdp": "preparing a strategy needs a process group",
     "trainkit.parallel:tensor_parallel": "preparing a strategy needs a process group",
     "trainkit.parallel:pipeline_parallel": "preparing a strategy needs a process group",
