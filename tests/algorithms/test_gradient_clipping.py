@@ -88,3 +88,22 @@ def test_runs_after_backward_and_before_the_step():
 def test_bad_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GradientClipping(**kwargs)
+
+
+def test_norm_clipping_is_refused_where_each_rank_holds_one_pipeline_stage():
+    from types import SimpleNamespace
+
+    from trainkit.core import Event, SingleProcess
+
+    class Staged(SingleProcess):  # a strategy whose ranks each run one stage's backward
+        runs_forward_backward = True
+
+    model = model_with_grads()
+    state = SimpleNamespace(parallelism=Staged(), optimizers=[], model=model, precision=None)
+    with pytest.raises(ValueError, match=r"clip each stage by its own norm.*'value' or"):
+        GradientClipping(clipping_type="norm").apply(Event.AFTER_TRAIN_BATCH, state, None)
+    before = [p.grad.clone() for p in model.parameters()]
+    GradientClipping(clipping_type="value", clipping_threshold=1e9).apply(
+        Event.AFTER_TRAIN_BATCH, state, None
+    )
+    assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters(), strict=True))

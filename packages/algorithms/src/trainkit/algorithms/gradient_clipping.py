@@ -5,7 +5,9 @@ When the precision scales the loss (fp16) the gradients are unscaled first, so t
 threshold means what it says.
 Correct under FSDP2: the global norm of DTensor gradients is reduced over the mesh by
 `clip_grad_norm_`; value clipping is elementwise; adaptive clipping uses per-row norms,
-and FSDP2 shards parameters by rows (dim 0), so every row is whole on one rank.
+and FSDP2 shards parameters by rows (dim 0), so every row is whole on one rank. Under
+pipeline parallel (a strategy that `runs_forward_backward`) each rank holds one stage's
+gradients: "value" and "adaptive" stay exact, "norm" is refused.
 """
 
 from __future__ import annotations
@@ -90,6 +92,13 @@ class GradientClipping(ComposableAlgorithm, config=GradientClippingConfig):
     match_events = frozenset({Event.AFTER_TRAIN_BATCH})
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
+        if self.config.clipping_type == "norm" and state.parallelism.runs_forward_backward:
+            raise ValueError(
+                f"GradientClipping(clipping_type='norm') cannot run under "
+                f"{type(state.parallelism).__name__}: each rank holds only its pipeline "
+                "stage's gradients, so it would clip each stage by its own norm, not the "
+                "global one. Use clipping_type='value' or 'adaptive' (exact per stage)"
+            )
         for optimizer in state.optimizers:
             state.precision.unscale_gradients(optimizer)
         apply_gradient_clipping(state.model, self.config)
