@@ -5,8 +5,8 @@ Run directory layout (stable)::
     <run_dir>/config.yaml      the resolved config of the run
     <run_dir>/metrics.jsonl    every logged value, one JSON object per line (trainkit-loggers)
     <run_dir>/checkpoints/     one folder per checkpoint, plus `latest` (trainkit-checkpoint)
-    <run_dir>/loss.png         the loss curves (trainkit-loggers[plot]; lr.png and
-                               throughput.png too for a run that logs them)
+    <run_dir>/loss.png         the loss curves (trainkit-loggers[plot]; lr.png,
+                               throughput.png and goodput.png too for a run that logs them)
     <run_dir>/sample.txt       text generated at the end (the default language model)
 
 At the end, rank 0 gives config.yaml, sample.txt and the plots to every logger destination
