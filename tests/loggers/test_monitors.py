@@ -113,8 +113,10 @@ def _fsdp_norms(rank, world_size):
 def test_norms_of_fsdp_sharded_parameters_are_those_of_the_full_tensors():
     expected = _norms_after_two_batches(mlp(dropout=0.0))
     assert {"l2_norm/grad/global", "l2_norm/param/module.3.weight"} <= set(expected)
+    # goodput/* is each process's own bookkeeping (a forked rank also times its start).
+    monitored = {key for key in expected if not key.startswith("goodput/")}
     for latest in run_ranks(_fsdp_norms, 2):
-        assert latest.keys() == expected.keys()
+        assert {key for key in latest if not key.startswith("goodput/")} == monitored
         for key, value in expected.items():
             if key.startswith("l2_norm/"):
                 assert latest[key] == pytest.approx(value, rel=1e-5), key

@@ -94,6 +94,7 @@ def test_groups_are_the_documented_ones():
         "trainkit.data",
         "trainkit.metrics",
         "trainkit.trainers",
+        "trainkit.recipes",
     }
 
 

@@ -100,6 +100,8 @@ class GoodputTracker:
         self._saved_at: Any = None  # its last save, as recorded
         self._first_step_done = False
         self._compiled = False
+        self._folder: Path | None = None  # the ledger's folder, set by open
+        self._start: dict[str, Any] | None = None  # this start, until attach records it
         self._offset = time.time() - time.perf_counter()  # perf_counter -> time.time()
 
     def mark(self, part: str) -> None:
@@ -126,9 +128,10 @@ class GoodputTracker:
     # --- the ledger ------------------------------------------------------------------------
 
     def open(self, state: State, logger: Logger) -> None:
-        """The process is ready to train (loaded): read the ledger in the run's checkpoint
-        folder (none: keep the records in memory), add the previous process's last
-        heartbeat and this start."""
+        """The process is ready to train (loaded): note this start. The ledger in the run's
+        checkpoint folder is read and written from `attach` on, once the run's first
+        FIT_START has passed: a run the Checkpointer refuses there (a folder of another
+        run's checkpoints) writes nothing into it."""
         self._logger = logger
         self._compiled = loop_private(state).recompiles is not None
         self._checkpointer = checkpointer = checkpointer_of(state)
@@ -136,27 +139,32 @@ class GoodputTracker:
         folder = checkpointer.folder if checkpointer is not None else None
         if checkpointer is not None:
             self._saved_at = checkpointer.saved_at
-        if isinstance(folder, Path):
-            try:
-                self._open_files(folder)
-            except OSError as err:
-                self._give_up_files(f"cannot keep the goodput ledger in {folder}: {err}")
-        self.n = 1 + max((r.get("n", -1) for r in self.records if "n" in r), default=-1)
+        self._folder = folder if isinstance(folder, Path) else None
         timestamp = state.timestamp
         self._batch, self._wct = timestamp.batch, timestamp.total_wct
-        self._append(
-            {
-                "event": "start",
-                "n": self.n,
-                "run": state.run_name,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started": self.started,
-                **self._where(time.time(), timestamp.batch, timestamp.total_wct),
-                "resumed_from": state.resumed_from,
-                "parts": self.parts(),
-            }
-        )
+        self._start = {
+            "run": state.run_name,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": self.started,
+            **self._where(time.time(), timestamp.batch, timestamp.total_wct),
+            "resumed_from": state.resumed_from,
+            "parts": self.parts(),
+        }
+
+    def attach(self) -> None:
+        """After the first FIT_START: read the ledger (none: keep the records in memory),
+        add the previous process's last heartbeat and this start. Once per process."""
+        if self._start is None:
+            return
+        start, self._start = self._start, None
+        if self._folder is not None:
+            try:
+                self._open_files(self._folder)
+            except OSError as err:
+                self._give_up_files(f"cannot keep the goodput ledger in {self._folder}: {err}")
+        self.n = 1 + max((r.get("n", -1) for r in self.records if "n" in r), default=-1)
+        self._append({"event": "start", "n": self.n, **start})
         self._write_beat(time.time())
 
     def _open_files(self, folder: Path) -> None:

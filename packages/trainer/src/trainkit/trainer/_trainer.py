@@ -241,6 +241,8 @@ class Trainer(Configurable, config=TrainerConfig):
             report_complete(state)
         with guard.running(state, self.engine):  # preemption, non-finite loss, FIT_ABORTED
             self.engine.run_event(Event.FIT_START)
+            if (goodput := loop_private(state).goodput) is not None:
+                goodput.attach()  # the Checkpointer has accepted the folder by now
             self.engine.run_event(Event.ITERATION_START)
             with frozen_heap(self._gc_freeze):
                 state.wall_mark = time.perf_counter()  # batches count from here, not between fits
